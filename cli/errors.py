@@ -1,0 +1,47 @@
+"""The CLI's one error boundary: known failures become one line, exit non-zero."""
+
+import sys
+import traceback
+
+import typer
+
+from dflash2_mlx.errors import DFlashError
+
+
+def run_guarded(app, argv=None) -> int:
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    try:
+        app(args=argv, standalone_mode=False)
+        return 0
+    except typer.Exit as e:
+        return e.exit_code
+    except typer.Abort:
+        _fail("interrupted")
+        return 130
+    except typer.TyperException as e:  # bad flags and values: click's usage errors
+        if type(e).__name__ == "NoArgsIsHelpError":  # bare `dflash2`: show the help
+            print(e.format_message())
+            return 0
+        ctx = getattr(e, "ctx", None)
+        where = f"dflash2 {ctx.info_name}" if ctx is not None and ctx.parent is not None else "dflash2"
+        message = e.format_message() if hasattr(e, "format_message") else str(e)
+        _fail(f"{message} (see: {where} --help)")
+        return getattr(e, "exit_code", 2)
+    except KeyboardInterrupt:
+        _fail("interrupted")
+        return 130
+    except DFlashError as e:
+        if debug:
+            traceback.print_exc()
+        _fail(str(e))
+        return 1
+    except Exception as e:  # a bug: still one line unless --debug
+        if debug:
+            traceback.print_exc()
+        first = str(e).splitlines()[0] if str(e) else ""
+        _fail(f"internal error: {type(e).__name__}: {first} (rerun with --debug for the traceback)")
+        return 1
+
+
+def _fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)

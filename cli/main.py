@@ -1,0 +1,31 @@
+"""The `dflash2` command line."""
+
+import sys
+
+import typer
+
+from .errors import run_guarded
+from .generate import generate
+
+app = typer.Typer(
+    name="dflash2",
+    help="Lossless DFlash 2 speculative decoding on MLX.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+app.command()(generate)
+
+
+@app.callback()
+def _root():
+    """Lossless DFlash 2 speculative decoding on MLX."""
+
+
+def main(argv=None) -> None:
+    sys.exit(run_guarded(app, argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""The decode loops. They know nothing about text: token ids in, token ids out.
+
+`speculative_generate_step` is spec §2.4: chunked prefill, then cycles of
+draft -> walk -> verify -> accept -> roll back. `autoregressive_generate_step`
+is the baseline through the same `Target`. Both yield one `DecodeStep` per
+target pass and leave their caches consistent when closed early.
+"""
+
+from dataclasses import dataclass, field
+from typing import Generator, Optional
+
+import mlx.core as mx
+from mlx_lm.models.cache import trim_prompt_cache
+
+from .drafter import Drafter
+from .profile import CycleProfiler
+from .propose import propose
+from .sampling import SamplingParams, greedy_token, make_key, make_logprobs_transform
+from .target import Target
+from .verify import accept_greedy, accept_sampled
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """Tokens committed by one target pass (prefill, verify or AR step)."""
+
+    tokens: tuple[int, ...]
+    from_draft: tuple[bool, ...]
+    drafted: int = 0  # draft tokens proposed in this pass (B - 1); 0 for prefill/AR
+    accepted: int = 0  # of those, how many the target accepted
+
+
+@dataclass
+class DecodeCache:
+    """Target and drafter caches that persist across calls (multi-turn chat).
+
+    At rest both hold every committed token except the last one, which the
+    next call must pass as the first token of its prompt.
+    """
+
+    target: list
+    drafter: Optional[list] = None
+    tokens: list[int] = field(default_factory=list)
+
+    @property
+    def offset(self) -> int:
+        return self.target[0].offset if self.target else 0
+
+
+def _prefill(
+    prompt: mx.array,
+    target: Target,
+    drafter: Optional[Drafter],
+    cache: DecodeCache,
+    prefill_step_size: int,
+) -> mx.array:
+    """Run the prompt through the target (and its features into the drafter
+    cache) chunk by chunk; return the last row's logits [V]."""
+    capture = drafter is not None
+    logits = None
+    for start in range(0, prompt.size, prefill_step_size):
+        chunk = prompt[start : start + prefill_step_size][None]
+        logits, features = target(chunk, cache.target, capture=capture, last_logits_only=True)
+        if capture:
+            drafter.append_context(features, cache.drafter)
+            mx.eval([c.state for c in cache.drafter])
+        mx.eval([c.state for c in cache.target])
+    return logits[0, -1]
+
+
+def _first_token(logits: mx.array, sampling: SamplingParams, transform, key) -> mx.array:
+    if sampling.greedy:
+        return greedy_token(logits)
+    return mx.random.categorical(transform(logits), key=key).astype(mx.int32)
+
+
+def _check_prompt(prompt) -> mx.array:
+    prompt = mx.array(prompt, dtype=mx.int32).reshape(-1)
+    if prompt.size == 0:
+        raise ValueError("the prompt has no tokens")
+    return prompt
+
+
+def speculative_generate_step(
+    prompt,
+    target: Target,
+    drafter: Drafter,
+    *,
+    max_tokens: int = 256,
+    block_size: Optional[int] = None,
+    sampling: SamplingParams = SamplingParams(),
+    mask_token_id: Optional[int] = None,
+    prefill_step_size: int = 2048,
+    prompt_cache: Optional[DecodeCache] = None,
+    profiler: Optional[CycleProfiler] = None,
+) -> Generator[DecodeStep, None, None]:
+    """Lossless block speculative decoding; yields one step per target pass.
+
+    `block_size` (default: the checkpoint's) counts the anchor, so each cycle
+    drafts `block_size - 1` tokens. `prompt_cache`, when given, already holds
+    earlier context and `prompt` holds only tokens not yet in it.
+    """
+    config = drafter.config
+    B_max = block_size or config.block_size
+    if not 2 <= B_max <= config.block_size:
+        raise ValueError(f"block size {B_max} must be in [2, {config.block_size}]")
+    mask_id = config.mask_token_id if mask_token_id is None else mask_token_id
+    prompt = _check_prompt(prompt)
+    cache = prompt_cache or DecodeCache(target.make_cache(), drafter.make_cache())
+    profiler = profiler or CycleProfiler()
+    transform = make_logprobs_transform(sampling)
+    key = make_key(sampling.seed)
+
+    key, sub = mx.random.split(key)
+    first = _first_token(_prefill(prompt, target, drafter, cache, prefill_step_size), sampling, transform, sub)
+    anchor = first.item()
+    cache.tokens.extend(prompt.tolist())
+    pending = None  # features of committed rows not yet in the drafter cache
+    try:
+        cache.tokens.append(anchor)
+        yield DecodeStep((anchor,), (False,))
+        generated = 1
+        while True:
+            B = min(B_max, max_tokens - generated + 1)
+            if B <= 1:
+                return
+            profiler.start()
+            key, k_draft, k_accept = mx.random.split(key, 3)
+            block = mx.array([[anchor] + [mask_id] * (B - 1)], dtype=mx.int32)
+            hidden, draft_logits = drafter.draft(block, pending, cache.drafter, target)
+            profiler.lap("draft", draft_logits)
+            prop = propose(drafter, draft_logits, hidden, anchor, sampling, transform, k_draft)
+            profiler.lap("select", prop.draft)
+            verify_in = mx.concatenate([mx.array([anchor], dtype=mx.int32), prop.draft])[None]
+            logits, features = target(verify_in, cache.target)
+            profiler.lap("verify", logits, features)
+            if sampling.greedy:
+                a, bonus = accept_greedy(prop.draft, logits[0])
+            else:
+                a, bonus = accept_sampled(prop.draft, prop.q_full, logits[0], transform, k_accept)
+            out = profiler.fetch(mx.concatenate([prop.draft, bonus[None], a[None]]))
+            a, bonus = out[-1], out[-2]
+            trim_prompt_cache(cache.target, B - 1 - a)
+            pending = features[:, : a + 1]
+            tokens = tuple(out[:a]) + (bonus,)
+            cache.tokens.extend(tokens)
+            anchor = bonus
+            generated += len(tokens)
+            yield DecodeStep(tokens, (True,) * a + (False,), drafted=B - 1, accepted=a)
+    finally:
+        # Leave the drafter cache level with the target cache (both hold every
+        # committed token but the last), so a later call can continue from it.
+        if pending is not None and pending.shape[1] > 0:
+            drafter.append_context(pending, cache.drafter)
+            mx.eval([c.state for c in cache.drafter])
+
+
+def autoregressive_generate_step(
+    prompt,
+    target: Target,
+    *,
+    max_tokens: int = 256,
+    sampling: SamplingParams = SamplingParams(),
+    prefill_step_size: int = 2048,
+    prompt_cache: Optional[DecodeCache] = None,
+) -> Generator[DecodeStep, None, None]:
+    """Plain decoding through the same target and sampling code, for baselines.
+
+    The next token is computed before the current one is yielded (as mlx-lm
+    does), so the device never idles while the caller handles a token.
+    """
+    prompt = _check_prompt(prompt)
+    cache = prompt_cache or DecodeCache(target.make_cache())
+    transform = make_logprobs_transform(sampling)
+    key = make_key(sampling.seed)
+
+    def step(token: mx.array, key: mx.array) -> mx.array:
+        logits, _ = target(token.reshape(1, 1), cache.target, capture=False)
+        return _first_token(logits[0, -1], sampling, transform, key)
+
+    key, sub = mx.random.split(key)
+    y = _first_token(_prefill(prompt, target, None, cache, prefill_step_size), sampling, transform, sub)
+    cache.tokens.extend(prompt.tolist())
+    generated = 0
+    try:
+        while True:
+            next_y = None
+            if generated + 1 < max_tokens:
+                key, sub = mx.random.split(key)
+                next_y = step(y, sub)
+                mx.async_eval(next_y)
+            token = y.item()
+            cache.tokens.append(token)
+            generated += 1
+            yield DecodeStep((token,), (False,))
+            if next_y is None:
+                return
+            y = next_y
+    finally:
+        # The look-ahead may have run one token past what was committed.
+        excess = cache.offset - (len(cache.tokens) - 1)
+        if excess > 0:
+            trim_prompt_cache(cache.target, excess)

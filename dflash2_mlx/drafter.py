@@ -1,0 +1,186 @@
+"""The DFlash / DFlash 2 drafter (spec §1, §2.1).
+
+A short stack of Qwen3 decoder layers with no embedding and no LM head of its
+own. Target features, projected by `fc` and normed by `hidden_norm`, are
+injected as extra keys/values into every layer; only committed context ever
+enters the drafter's cache, so it never needs rollback. The block
+`[anchor, MASK, ...]` attends non-causally to the cached context and itself.
+"""
+
+from typing import Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.activations import swiglu
+from mlx_lm.models.cache import KVCache
+from mlx_lm.models.rope_utils import initialize_rope
+
+from .config import DrafterConfig
+from .conv import TwoTapConv
+from .selector import CandidateSelector
+
+
+class DrafterAttention(nn.Module):
+    def __init__(self, config: DrafterConfig, sliding_window: Optional[int]):
+        super().__init__()
+        H, hd = config.hidden_size, config.head_dim
+        self.n_heads = config.num_attention_heads
+        self.n_kv_heads = config.num_key_value_heads
+        self.scale = hd**-0.5
+        self.sliding_window = sliding_window
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(H, self.n_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(H, self.n_kv_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(H, self.n_kv_heads * hd, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, H, bias=False)
+        self.q_norm = nn.RMSNorm(hd, eps=config.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(hd, eps=config.rms_norm_eps)
+        self.rope = initialize_rope(
+            hd,
+            base=config.rope_theta,
+            traditional=False,
+            scaling_config=config.rope_scaling,
+            max_position_embeddings=config.max_position_embeddings,
+        )
+
+    def keys_values(self, x: mx.array, offset: int):
+        N, L, _ = x.shape
+        k = self.k_norm(self.k_proj(x).reshape(N, L, self.n_kv_heads, -1)).transpose(0, 2, 1, 3)
+        v = self.v_proj(x).reshape(N, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        return self.rope(k, offset=offset), v
+
+    def __call__(self, x: mx.array, context: Optional[mx.array], cache: KVCache) -> mx.array:
+        N, B, _ = x.shape
+        if context is not None and context.shape[1] > 0:
+            kc, vc = self.keys_values(context, cache.offset)
+            kc, vc = cache.update_and_fetch(kc, vc)
+        elif cache.offset > 0:
+            kc, vc = cache.keys_and_values()
+        else:
+            kc = vc = None
+        block_start = cache.offset  # the anchor's absolute position
+        q = self.q_norm(self.q_proj(x).reshape(N, B, self.n_heads, -1)).transpose(0, 2, 1, 3)
+        q = self.rope(q, offset=block_start)
+        kb, vb = self.keys_values(x, block_start)
+        if kc is not None:
+            if self.sliding_window is not None:
+                kc = kc[:, :, -(self.sliding_window - 1) :]
+                vc = vc[:, :, -(self.sliding_window - 1) :]
+            kb = mx.concatenate([kc, kb], axis=2)
+            vb = mx.concatenate([vc, vb], axis=2)
+        # Non-causal: every block row sees all context rows and the whole block.
+        out = mx.fast.scaled_dot_product_attention(q, kb, vb, scale=self.scale, mask=None)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(N, B, -1))
+
+
+class DrafterMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, config: DrafterConfig, layer_type: str):
+        super().__init__()
+        window = config.sliding_window if layer_type == "sliding_attention" else None
+        H = config.hidden_size
+        self.self_attn = DrafterAttention(config, window)
+        self.mlp = DrafterMLP(H, config.intermediate_size)
+        self.input_layernorm = nn.RMSNorm(H, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(H, eps=config.rms_norm_eps)
+        self.dflash2 = config.is_dflash2
+        if self.dflash2:
+            self.attention_conv = TwoTapConv(H, config.conv_group_size)
+            self.mlp_conv = TwoTapConv(H, config.conv_group_size)
+
+    def __call__(self, h: mx.array, context: Optional[mx.array], cache: KVCache) -> mx.array:
+        x = self.input_layernorm(h)
+        if not self.dflash2:
+            h = h + self.self_attn(x, context, cache)
+            return h + self.mlp(self.post_attention_layernorm(h))
+        # Both sides use coefficients computed from the sublayer input (spec §2.1).
+        d = self.attention_conv.corrections(x)
+        a = self.attention_conv(x, d, 0)
+        a = self.self_attn(a, context, cache)
+        h = h + self.attention_conv(a, d, 1)
+        m = self.post_attention_layernorm(h)
+        e = self.mlp_conv.corrections(m)
+        m = self.mlp(self.mlp_conv(m, e, 0))
+        return h + self.mlp_conv(m, e, 1)
+
+
+class Drafter(nn.Module):
+    """DFlash (v1) or DFlash 2 drafter, by `config.architectures`."""
+
+    def __init__(self, config: DrafterConfig, fc_in_features: Optional[int] = None):
+        super().__init__()
+        self.config = config
+        # n_taps × target hidden size; loaders pass the width found in the file.
+        n_taps = len(config.target_layer_ids or [0])
+        in_width = fc_in_features or n_taps * config.hidden_size
+        self.fc = nn.Linear(in_width, config.hidden_size, bias=False)
+        self.hidden_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.layers = [DrafterLayer(config, kind) for kind in config.layer_types]
+        self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        if config.is_dflash2:
+            self.candidate_selector = CandidateSelector(
+                config.hidden_size, config.vocab_size, config.selector_rank
+            )
+
+    @property
+    def is_dflash2(self) -> bool:
+        return self.config.is_dflash2
+
+    @property
+    def activation_dtype(self) -> mx.Dtype:
+        # Norms are never quantized, so their dtype is the activation dtype.
+        return self.norm.weight.dtype
+
+    def make_cache(self) -> list[KVCache]:
+        return [KVCache() for _ in self.layers]
+
+    def project_context(self, features: mx.array) -> mx.array:
+        """Concatenated target features [N, P, n·Ht] -> context rows [N, P, H]."""
+        return self.hidden_norm(self.fc(features))
+
+    def __call__(
+        self, block: mx.array, features: Optional[mx.array], cache: list[KVCache]
+    ) -> mx.array:
+        """Run one block.
+
+        block: embedded `[anchor, MASK, ...]` rows [N, B, H].
+        features: target features of the pending committed rows [N, P, n·Ht]
+            (P may be 0); they enter the cache before the block attends.
+        Returns the final-normed hidden states of all B rows (row 0 is the anchor).
+        """
+        dtype = self.activation_dtype
+        context = None
+        if features is not None and features.shape[1] > 0:
+            context = self.project_context(features.astype(dtype))
+        h = block.astype(dtype)
+        for layer, c in zip(self.layers, cache):
+            h = layer(h, context, c)
+        return self.norm(h)
+
+    def draft(self, block_ids: mx.array, features: Optional[mx.array], cache: list[KVCache], target):
+        """Draft one block: (hidden [B-1, H], logits [B-1, V]) for rows 1..B-1.
+
+        The block is embedded with the target's embedding and the rows are
+        read out through the target's LM head (the drafter has neither).
+        """
+        hidden = self(target.embed(block_ids), features, cache)[0, 1:]
+        hidden = hidden.astype(target.activation_dtype)
+        return hidden, target.lm_head(hidden)
+
+    def append_context(self, features: mx.array, cache: list[KVCache]) -> None:
+        """Push committed context into the cache without drafting (chunked prefill)."""
+        context = self.project_context(features.astype(self.activation_dtype))
+        for layer, c in zip(self.layers, cache):
+            attn = layer.self_attn
+            k, v = attn.keys_values(context, c.offset)
+            c.update_and_fetch(k, v)

@@ -1,0 +1,204 @@
+"""Fused kernels for the two-tap conv and the path walk.
+
+The bodies live in `metal/*.metal` (package `dflash2_mlx.metal`). They run on
+Metal through `mx.fast.metal_kernel`, and unchanged on MLX's CUDA backend
+through `mx.fast.cuda_kernel` with `cuda_compat.h` as the header.
+
+Importing this module registers builders for "two_tap_conv" and "path_select"
+with `kernels`. A builder returns None where neither backend exists. Where
+building fails, the first call fails, or the kernel disagrees with its twin on
+a small fixed problem, it warns once and returns None: callers then use the
+twin, never crash.
+
+`conv_kernel` and `path_select_kernel` turn a factory with the arguments of
+`mx.fast.metal_kernel` into a callable with the twin's signature; the tests
+hand them a CPU harness instead of MLX's factory.
+"""
+
+import warnings
+from typing import Callable, Optional
+
+import mlx.core as mx
+import numpy as np
+
+from . import kernels
+
+# Threads per threadgroup. The conv is elementwise; the path kernel is one
+# threadgroup whose threads share the K*K*N scores before thread 0 walks.
+CONV_THREADS = 256
+PATH_THREADS = 256
+
+
+def _read_body(name: str) -> str:
+    # Imported here so a checkout without the installed package-data mapping
+    # still imports the library (the builder then warns and uses the twin).
+    from .metal import read_body
+
+    return read_body(name)
+
+
+def conv_kernel(factory: Callable, header: str = "") -> Callable:
+    """Fused `two_tap_conv(x, delta, base, group_size)` built with `factory`."""
+    kernel = factory(
+        name="dflash2_two_tap_conv",
+        input_names=["x", "delta", "base"],
+        output_names=["y"],
+        source=_read_body("two_tap_conv"),
+        header=header,
+    )
+
+    def two_tap_conv(x: mx.array, delta: mx.array, base: mx.array, group_size: int) -> mx.array:
+        """Same arguments and result as `conv.two_tap_conv_ops`."""
+        N, B, H = x.shape
+        if group_size <= 0 or H % group_size:
+            raise ValueError(f"group_size {group_size} must divide the hidden size {H}")
+        G = H // group_size
+        if tuple(delta.shape) != (N, B, 2, G) or tuple(base.shape) != (2, H):
+            raise ValueError(f"delta {delta.shape} / base {base.shape} do not fit x {x.shape}")
+        (y,) = kernel(
+            inputs=[x, delta, base],
+            template=[("T", x.dtype), ("GS", group_size)],
+            grid=(H, B, N),
+            threadgroup=(min(H, CONV_THREADS), 1, 1),
+            output_shapes=[(N, B, H)],
+            output_dtypes=[x.dtype],
+        )
+        return y
+
+    return two_tap_conv
+
+
+def path_select_kernel(factory: Callable, header: str = "", threads: int = PATH_THREADS) -> Callable:
+    """Fused `path_select(...)` built with `factory`; `threads` sizes its one threadgroup."""
+    kernel = factory(
+        name="dflash2_path_select",
+        input_names=["unary", "pred_ids", "cand_ids", "gate", "pred_codebook",
+                     "succ_codebook", "temperature", "uniforms"],
+        output_names=["picks", "q_rows", "lattice"],
+        source=_read_body("path_select"),
+        header=header,
+    )
+
+    def path_select(
+        unary: mx.array,
+        pred_ids: mx.array,
+        cand_ids: mx.array,
+        gate: mx.array,
+        pred_codebook: mx.array,
+        succ_codebook: mx.array,
+        temperature: float = 0.0,
+        uniforms: Optional[mx.array] = None,
+    ) -> tuple[mx.array, mx.array]:
+        """Same arguments and results as `selector.path_select_ops`."""
+        N, K = unary.shape
+        temperature = float(temperature)
+        if temperature != 0 and uniforms is None:
+            raise ValueError("sampled path selection needs uniforms")
+        # Greedy ignores the uniforms, but the signature always has them.
+        u = mx.zeros((N,), mx.float32) if uniforms is None else uniforms.astype(mx.float32)
+        # The temperature travels as a one-element array rather than a 0-d one:
+        # Metal would take a reference, CUDA a pointer; `temperature[0]` reads both.
+        picks, q_rows, _ = kernel(
+            inputs=[unary.astype(mx.float32), pred_ids.astype(mx.int32), cand_ids.astype(mx.int32),
+                    gate, pred_codebook, succ_codebook, mx.array([temperature], mx.float32), u],
+            grid=(threads, 1, 1),
+            threadgroup=(threads, 1, 1),
+            output_shapes=[(N,), (N, K), (N, K, K)],
+            output_dtypes=[mx.int32, mx.float32, mx.float32],
+        )
+        return picks, q_rows
+
+    return path_select
+
+
+def conv_check_problem() -> tuple:
+    """Small fixed conv problem (x, delta, base, group_size) for the self-check."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 3, 64), dtype=np.float32)
+    delta = 0.1 * rng.standard_normal((2, 3, 2, 4), dtype=np.float32)
+    base = rng.standard_normal((2, 64), dtype=np.float32)
+    return mx.array(x), mx.array(delta), mx.array(base), 16
+
+
+def path_check_problem() -> tuple:
+    """Small fixed path problem: integer-valued, so the scores are exact in any order.
+
+    Returns the positional arguments of `path_select_ops` and the uniforms for a
+    sampled run at temperature 1 (chosen away from every CDF step; a test holds
+    that true against the twin).
+    """
+    rng = np.random.default_rng(11)
+    N, K, R, V = 4, 8, 6, 20
+    unary = rng.integers(-3, 4, (N, K)).astype(np.float32)
+    pred_ids = rng.integers(0, V, (N, K)).astype(np.int32)
+    cand_ids = rng.integers(0, V, (N, K)).astype(np.int32)
+    gate = rng.integers(-1, 2, (N, R)).astype(np.float32)
+    A = rng.integers(-2, 3, (V, R)).astype(np.float32)
+    B = rng.integers(-2, 3, (V, R)).astype(np.float32)
+    uniforms = np.array([0.13, 0.52, 0.71, 0.94], dtype=np.float32)
+    args = tuple(mx.array(a) for a in (unary, pred_ids, cand_ids, gate, A, B))
+    return args, mx.array(uniforms)
+
+
+def _check_conv(fn: Callable) -> None:
+    from .conv import two_tap_conv_ops
+
+    problem = conv_check_problem()
+    if not mx.allclose(fn(*problem), two_tap_conv_ops(*problem), rtol=1e-5, atol=1e-5).item():
+        raise RuntimeError("disagrees with conv.two_tap_conv_ops")
+
+
+def _check_path(fn: Callable) -> None:
+    from .selector import path_select_ops
+
+    args, uniforms = path_check_problem()
+    for temperature, u in ((0.0, None), (1.0, uniforms)):
+        picks, q = fn(*args, temperature=temperature, uniforms=u)
+        want_picks, want_q = path_select_ops(*args, temperature=temperature, uniforms=u)
+        if not (mx.array_equal(picks, want_picks).item()
+                and mx.allclose(q, want_q, rtol=1e-5, atol=1e-6).item()):
+            raise RuntimeError(f"disagrees with selector.path_select_ops at temperature {temperature}")
+
+
+_WRAPPERS = {"two_tap_conv": (conv_kernel, _check_conv), "path_select": (path_select_kernel, _check_path)}
+
+
+def build_kernel(name: str, factory: Callable, header: str = "") -> Optional[Callable]:
+    """Wrap `factory` for `name`, run it once against its twin; None after one warning on failure."""
+    wrap, check = _WRAPPERS[name]
+    try:
+        fn = wrap(factory, header)
+        check(fn)
+    except Exception as exc:  # a broken kernel must only ever cost speed
+        warnings.warn(f"fused kernel '{name}' disabled, using its twin: {exc}", RuntimeWarning, stacklevel=2)
+        return None
+    return fn
+
+
+def _backend() -> Optional[tuple[Callable, str]]:
+    """(factory, header) for the GPU backend MLX has here, or None."""
+    if mx.metal.is_available():
+        return mx.fast.metal_kernel, ""
+    cuda = getattr(mx, "cuda", None)
+    if cuda is not None and cuda.is_available():
+        try:
+            header = _read_body("cuda_compat.h")
+        except Exception as exc:
+            warnings.warn(f"fused kernels disabled, cuda_compat.h unreadable: {exc}", RuntimeWarning, stacklevel=2)
+            return None
+        return mx.fast.cuda_kernel, header
+    return None
+
+
+def _builder(name: str) -> Callable[[], Optional[Callable]]:
+    def build() -> Optional[Callable]:
+        backend = _backend()
+        if backend is None:
+            return None
+        return build_kernel(name, *backend)
+
+    return build
+
+
+for _name in _WRAPPERS:
+    kernels.register(_name, _builder(_name))

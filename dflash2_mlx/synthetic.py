@@ -1,0 +1,175 @@
+"""Small random checkpoints in the real formats, for tests and offline benchmarks.
+
+Targets are written the way mlx-lm writes them (config.json + safetensors,
+optionally quantized by mlx-lm's own `quantize_model`), tokenizers as a
+byte-level BPE `tokenizer.json`, drafters with exactly the released key names
+and nesting (see shared fixtures), scaled down. Everything loads through the
+same code paths as a Hub checkpoint.
+"""
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map_with_path
+
+from .config import DFLASH2_ARCH, DFLASH_ARCH, DrafterConfig
+from .drafter import Drafter
+
+EOS = "<|endoftext|>"
+
+# Tiny configs per supported family; keys are the HF config keys.
+TARGET_CONFIGS = {
+    "qwen3": dict(head_dim=16, rope_theta=10000.0, max_position_embeddings=2048),
+    "qwen2": dict(rope_theta=10000.0, max_position_embeddings=2048),
+    "llama": dict(head_dim=16, rope_theta=10000.0, max_position_embeddings=2048),
+    "mistral": dict(head_dim=16, rope_theta=10000.0, max_position_embeddings=2048),
+    "qwen3_moe": dict(
+        head_dim=16, rope_theta=10000.0, max_position_embeddings=2048, num_experts=4,
+        num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[], moe_intermediate_size=32,
+        norm_topk_prob=True,
+    ),
+}
+
+
+def target_config(model_type: str, vocab_size: int = 384, hidden_size: int = 64,
+                  num_hidden_layers: int = 4, tie_word_embeddings: bool = True) -> dict:
+    config = dict(
+        model_type=model_type, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
+        intermediate_size=2 * hidden_size, num_attention_heads=4, num_key_value_heads=2,
+        rms_norm_eps=1e-6, vocab_size=vocab_size, tie_word_embeddings=tie_word_embeddings,
+        eos_token_id=0,
+    )
+    config.update(TARGET_CONFIGS[model_type])
+    return config
+
+
+def _save(folder: Path, weights: dict, config: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+def write_target(folder, model_type: str = "qwen3", seed: int = 0, quantize_bits: Optional[int] = None,
+                 dtype=mx.float32, tokenizer_text: Optional[str] = None, **dims) -> Path:
+    """A random mlx-lm target (optionally quantized as `mlx_lm.convert -q` does) plus tokenizer."""
+    from mlx_lm.utils import _get_classes, quantize_model
+
+    folder = Path(folder)
+    config = target_config(model_type, **dims)
+    model_cls, args_cls = _get_classes(config)
+    mx.random.seed(seed)
+    model = model_cls(args_cls.from_dict(config))
+    # Default init makes tiny models repeat one token; larger projections give
+    # varied greedy continuations, which makes parity tests meaningful.
+    model.update(tree_map_with_path(lambda p, x: x * 2.5 if p.endswith("proj.weight") else x,
+                                    model.parameters()))
+    model.set_dtype(dtype)
+    if quantize_bits:
+        model, config = quantize_model(model, config, group_size=32, bits=quantize_bits)
+    _save(folder, dict(tree_flatten(model.parameters())), config)
+    write_tokenizer(folder, config["vocab_size"] - 2, tokenizer_text)
+    return folder
+
+
+def _training_text() -> str:
+    import inspect
+    import textwrap
+
+    return textwrap.dedent(inspect.getsource(textwrap)) * 2
+
+
+def write_tokenizer(folder, vocab_size: int = 382, text: Optional[str] = None) -> None:
+    """A byte-level BPE tokenizer with `<|endoftext|>` as token 0 and a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[EOS, "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator([text or _training_text()], trainer)
+    folder = Path(folder)
+    tok.save(str(folder / "tokenizer.json"))
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "pad_token": EOS,
+        "chat_template": template, "model_max_length": 2048,
+    }, indent=2))
+
+
+def drafter_config_dict(target: dict, kind: str = "dflash2", num_layers: int = 2, block_size: int = 16,
+                        target_layer_ids: Optional[list[int]] = None, nested_block_size: bool = True,
+                        rope_nested: bool = False, sliding: bool = False, **dflash) -> dict:
+    """A drafter config.json with the released nesting, sized for `target`."""
+    H = target["hidden_size"]
+    n_target = target["num_hidden_layers"]
+    ids = target_layer_ids if target_layer_ids is not None else [1, n_target - 2][:num_layers]
+    mask = target["vocab_size"] - 1  # an embedding row past the tokenizer, like Qwen3's 151669
+    config = {
+        "architectures": [DFLASH2_ARCH if kind == "dflash2" else DFLASH_ARCH],
+        "model_type": "qwen3", "hidden_size": H, "intermediate_size": 2 * H,
+        "num_hidden_layers": num_layers, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": H // 4, "rms_norm_eps": 1e-6, "vocab_size": target["vocab_size"],
+        "max_position_embeddings": 2048, "attention_bias": False, "tie_word_embeddings": True,
+        "num_target_layers": n_target, "dtype": "bfloat16",
+        "layer_types": ["sliding_attention" if sliding else "full_attention"] * num_layers,
+        "sliding_window": 8 if sliding else None,
+        "dflash_config": {"mask_token_id": mask, "target_layer_ids": ids},
+    }
+    if rope_nested:
+        config["rope_parameters"] = {"rope_theta": 10000.0, "rope_type": "default"}
+    else:
+        config["rope_theta"] = 10000.0
+    if nested_block_size:
+        config["dflash_config"]["block_size"] = block_size
+    else:
+        config["block_size"] = block_size
+    if kind == "dflash2":
+        config["is_causal"] = False
+        config["dflash_config"].update(
+            {"conv_group_size": 16, "conv_kernel_size": 2, "selector_rank": 32, "selector_top_k": 16}
+        )
+    config["dflash_config"].update(dflash)
+    return config
+
+
+def random_drafter(config: dict, seed: int = 0, trained_extras: bool = True) -> Drafter:
+    """A drafter with random weights; `trained_extras` also randomises the conv
+    corrections and the successor codebook (identity/zero at init)."""
+    mx.random.seed(seed)
+    dc = DrafterConfig.from_dict(config)
+    drafter = Drafter(dc, fc_in_features=len(dc.target_layer_ids) * config["hidden_size"])
+    if dc.is_dflash2 and trained_extras:
+        for layer in drafter.layers:
+            for conv in (layer.attention_conv, layer.mlp_conv):
+                conv.kernel_projection.weight = 0.05 * mx.random.normal(conv.kernel_projection.weight.shape)
+                conv.base_kernel = conv.base_kernel + 0.1 * mx.random.normal(conv.base_kernel.shape)
+        sel = drafter.candidate_selector
+        sel.successor_codebook.weight = 0.5 * mx.random.normal(sel.successor_codebook.weight.shape)
+        sel.predecessor_codebook.weight = 0.5 * mx.random.normal(sel.predecessor_codebook.weight.shape)
+    return drafter
+
+
+def checkpoint_weights(drafter: Drafter, codebook_suffix: bool = False) -> dict[str, mx.array]:
+    """Released tensor names: codebooks without `.weight` unless asked."""
+    out = {}
+    for name, value in tree_flatten(drafter.parameters()):
+        if name.endswith("_codebook.weight") and not codebook_suffix:
+            name = name[: -len(".weight")]
+        out[name] = value.astype(mx.bfloat16)
+    return out
+
+
+def write_drafter(folder, config: dict, seed: int = 0, codebook_suffix: bool = False,
+                  trained_extras: bool = True) -> Path:
+    drafter = random_drafter(config, seed, trained_extras)
+    return _save(Path(folder), checkpoint_weights(drafter, codebook_suffix), config)
