@@ -78,7 +78,7 @@ class DrafterConfig:
         flat = dict(config)
         nested = config.get("dflash_config") or {}
         for key in _NESTED_KEYS:
-            if key in nested:
+            if nested.get(key) is not None:
                 flat[key] = nested[key]
         _refuse_unimplemented(flat)
         known = {f.name for f in fields(cls)}
@@ -153,6 +153,11 @@ class DrafterConfig:
 
 
 def _refuse_unimplemented(flat: dict[str, Any]) -> None:
+    if not flat.get("architectures") and "dflash_config" not in flat and "mask_token_id" not in flat:
+        raise ConfigError(
+            "config.json has neither architectures nor dflash_config: this is not a DFlash "
+            "drafter (did you pass the target as --drafter?)"
+        )
     arch = flat.get("architectures") or [DFLASH_ARCH]
     if not any(a in (DFLASH_ARCH, DFLASH2_ARCH) for a in arch):
         raise ConfigError(

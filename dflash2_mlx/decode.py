@@ -140,13 +140,19 @@ def speculative_generate_step(
                 a, bonus = accept_sampled(prop.draft, prop.q_full, logits[0], transform, k_accept)
             out = profiler.fetch(mx.concatenate([prop.draft, bonus[None], a[None]]))
             a, bonus = out[-1], out[-2]
-            trim_prompt_cache(cache.target, B - 1 - a)
-            pending = features[:, : a + 1]
             tokens = tuple(out[:a]) + (bonus,)
+            # Keep the anchor and the accepted rows: committed tokens but the last.
+            keep = a + 1
+            left = max_tokens - generated
+            if len(tokens) > left:  # the last block verified one draft past the limit
+                tokens, keep = tokens[:left], left
+            trim_prompt_cache(cache.target, B - keep)
+            pending = features[:, :keep]
             cache.tokens.extend(tokens)
-            anchor = bonus
+            anchor = tokens[-1]
             generated += len(tokens)
-            yield DecodeStep(tokens, (True,) * a + (False,), drafted=B - 1, accepted=a)
+            flags = ((True,) * a + (False,))[: len(tokens)]
+            yield DecodeStep(tokens, flags, drafted=B - 1, accepted=a)
     finally:
         # Leave the drafter cache level with the target cache (both hold every
         # committed token but the last), so a later call can continue from it.

@@ -35,9 +35,14 @@ def read_config(folder: Path, what: str) -> dict:
     if not path.is_file():
         raise CheckpointError(f"{what} folder '{folder}' has no config.json")
     try:
-        return json.loads(path.read_text())
+        config = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{what} config '{path}' is not valid JSON ({e.msg}, line {e.lineno})") from None
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{what} config '{path}' is not valid JSON (not UTF-8 text)") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{what} config '{path}' is not a JSON object")
+    return config
 
 
 def read_safetensors(folder: Path, what: str) -> dict[str, mx.array]:
@@ -107,6 +112,8 @@ def sanitize_drafter_weights(weights: dict[str, mx.array], folder: Path) -> dict
             )
         if name.endswith(("_codebook",)) and name.startswith("candidate_selector."):
             name = name + ".weight"
+        if name in out:  # e.g. both codebook spellings, or with and without `model.`
+            raise CheckpointError(f"drafter '{folder}' has tensor '{name}' twice (under two spellings)")
         out[name] = value
     return out
 

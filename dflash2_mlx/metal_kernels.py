@@ -91,6 +91,14 @@ def path_select_kernel(factory: Callable, header: str = "", threads: int = PATH_
     ) -> tuple[mx.array, mx.array]:
         """Same arguments and results as `selector.path_select_ops`."""
         N, K = unary.shape
+        R = gate.shape[-1]
+        # The body trusts these shapes (it reads N, K from unary and R from gate).
+        if (tuple(pred_ids.shape) != (N, K) or tuple(cand_ids.shape) != (N, K) or tuple(gate.shape) != (N, R)
+                or pred_codebook.ndim != 2 or succ_codebook.ndim != 2
+                or pred_codebook.shape[1] != R or succ_codebook.shape[1] != R):
+            raise ValueError(
+                f"path_select shapes do not fit: unary {unary.shape}, ids {pred_ids.shape} {cand_ids.shape}, "
+                f"gate {gate.shape}, codebooks {pred_codebook.shape} {succ_codebook.shape}")
         temperature = float(temperature)
         if temperature != 0 and uniforms is None:
             raise ValueError("sampled path selection needs uniforms")
@@ -184,7 +192,8 @@ def _backend() -> Optional[tuple[Callable, str]]:
         try:
             header = _read_body("cuda_compat.h")
         except Exception as exc:
-            warnings.warn(f"fused kernels disabled, cuda_compat.h unreadable: {exc}", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"fused kernels disabled, cuda_compat.h unreadable: {exc}",
+                          RuntimeWarning, stacklevel=2)
             return None
         return mx.fast.cuda_kernel, header
     return None

@@ -10,7 +10,7 @@ import json
 import os
 import re
 import shutil
-import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -123,12 +123,23 @@ def save_quantized_drafter(
     config["quantization"] = meta
     config["quantization_config"] = meta
     config["dflash2_mlx"] = {"draft_quant": str(quant), "activation_dtype": str(quant.activation_dtype).split(".")[-1]}
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_folder.name}.", dir=parent))
+    try:
+        # Not mkdtemp: its 0700 mode would carry over to the published folder.
+        tmp = parent / f".{out_folder.name}.partial-{uuid.uuid4().hex[:12]}"
+        tmp.mkdir()
+    except OSError as e:
+        raise DFlashError(f"cannot write into '{parent}' ({e.strerror}): choose a writable output folder") from e
     try:
         weights = dict(tree_flatten(drafter.parameters()))
         mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         os.replace(tmp, out_folder)
+    except (OSError, RuntimeError) as e:  # disk full, quota: mlx reports write failures as RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DFlashError(
+            f"could not write the quantized drafter to '{out_folder}' ({str(e).splitlines()[0]}): "
+            "check free space and permissions"
+        ) from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

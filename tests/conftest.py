@@ -1,0 +1,117 @@
+"""Shared fixtures: the released checkpoint layouts and tiny look-alikes of them.
+
+`tests/fixtures/<name>/` holds a real drafter's config.json and its safetensors
+header (every tensor name, dtype and shape, no weights). The tiny checkpoints
+below keep every key and the nesting of those configs and change only the
+sizes, so they load through exactly the code path a Hub download takes.
+"""
+
+import copy
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+FIXTURES_DIR = Path(__file__).parent / "fixtures"
+RELEASED = {"dflash": "zlab-dflash-qwen3-4b-b16", "dflash2": "zlab-dflash2-muse-glimmer"}
+
+# The tiny target every drafter below is sized for (qwen3, mlx-lm layout).
+TINY_TARGET = dict(hidden_size=64, num_hidden_layers=8, vocab_size=384)
+
+
+def released_config(kind: str) -> dict:
+    return json.loads((FIXTURES_DIR / RELEASED[kind] / "config.json").read_text())
+
+
+def released_header(kind: str) -> dict:
+    """Tensor name -> {"dtype", "shape", ...} as in the released safetensors header."""
+    header = json.loads((FIXTURES_DIR / RELEASED[kind] / "safetensors-header.json").read_text())
+    header.pop("__metadata__", None)
+    return header
+
+
+def scaled_released_config(kind: str, target_cfg: dict, nested: dict | None = None, **top) -> dict:
+    """The released config.json for `kind` with only its sizes scaled to `target_cfg`.
+
+    Every other key (and where it sits: top level or `dflash_config`) is kept.
+    `nested` overrides `dflash_config` entries, `top` top-level ones.
+    """
+    from dflash2_mlx.config import default_target_layer_ids
+
+    cfg = copy.deepcopy(released_config(kind))
+    H, n_target, V = target_cfg["hidden_size"], target_cfg["num_hidden_layers"], target_cfg["vocab_size"]
+    cfg.update(hidden_size=H, intermediate_size=2 * H, num_attention_heads=4, num_key_value_heads=2,
+               head_dim=H // 4, vocab_size=V, num_target_layers=n_target)
+    dc = cfg["dflash_config"]
+    dc["target_layer_ids"] = default_target_layer_ids(n_target, cfg["num_hidden_layers"])
+    dc["mask_token_id"] = V - 1  # an embedding row past the tokenizer, like Qwen3's 151669
+    if kind == "dflash2":
+        dc["selector_rank"] = 32
+    dc.update(nested or {})
+    cfg.update(top)
+    return cfg
+
+
+def hash_tree(folder: Path) -> dict:
+    """Relative path -> sha256 of every file under `folder`."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(Path(folder).rglob("*")) if p.is_file()
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(tmp_path_factory) -> Path:
+    """A random 8-layer qwen3 target with tokenizer, written as mlx-lm writes it."""
+    from dflash2_mlx.synthetic import write_target
+
+    return write_target(tmp_path_factory.mktemp("tiny-target") / "target", "qwen3", **TINY_TARGET)
+
+
+@pytest.fixture(scope="session")
+def tiny_target_config(tiny_target_dir) -> dict:
+    return json.loads((tiny_target_dir / "config.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def scaled_config(tiny_target_config):
+    """`scaled_config(kind, nested=None, **top)`: a released config sized for the tiny target."""
+
+    def make(kind: str, nested: dict | None = None, **top) -> dict:
+        return scaled_released_config(kind, tiny_target_config, nested, **top)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def drafter_ckpt(tmp_path_factory, scaled_config):
+    """`drafter_ckpt(kind, codebook_suffix=False, seed=0, config=None)`: a tiny drafter
+    checkpoint folder with the released key names (written once per argument set;
+    copy it before changing it)."""
+    from dflash2_mlx.synthetic import write_drafter
+
+    root = tmp_path_factory.mktemp("drafters")
+    made: dict = {}
+
+    def make(kind: str = "dflash2", codebook_suffix: bool = False, seed: int = 0,
+             config: dict | None = None) -> Path:
+        cfg = config if config is not None else scaled_config(kind)
+        key = (kind, codebook_suffix, seed, json.dumps(cfg, sort_keys=True))
+        if key not in made:
+            made[key] = write_drafter(root / f"d{len(made)}-{kind}", cfg, seed=seed,
+                                      codebook_suffix=codebook_suffix)
+        return made[key]
+
+    return make
+
+
+@pytest.fixture
+def copy_ckpt(tmp_path):
+    """`copy_ckpt(folder)`: a private copy of a checkpoint folder, safe to break."""
+
+    def make(folder: Path, name: str = "copy") -> Path:
+        return Path(shutil.copytree(folder, tmp_path / name))
+
+    return make

@@ -1,0 +1,79 @@
+"""Shared builders for the engine tests: tiny pairs in the real formats and a
+drafter whose proposals the test controls."""
+
+import json
+from functools import lru_cache
+from pathlib import Path
+import tempfile
+
+import mlx.core as mx
+
+from dflash2_mlx.drafter import Drafter
+from dflash2_mlx.loading import load_drafter, load_target
+from dflash2_mlx.synthetic import drafter_config_dict, write_drafter, write_target
+
+FAMILIES = ["qwen3", "qwen2", "llama", "mistral", "qwen3_moe"]
+_ROOT = Path(tempfile.mkdtemp(prefix="dflash2-tests-"))
+
+
+@lru_cache(maxsize=None)
+def target_folder(family: str = "qwen3", quantize_bits=None, tie: bool = True) -> Path:
+    folder = _ROOT / f"target-{family}-{quantize_bits}-{tie}"
+    if not folder.exists():
+        write_target(folder, family, quantize_bits=quantize_bits, tie_word_embeddings=tie)
+    return folder
+
+
+def target_config(family: str = "qwen3", **kw) -> dict:
+    return json.loads((target_folder(family, **kw) / "config.json").read_text())
+
+
+@lru_cache(maxsize=None)
+def drafter_folder(family: str = "qwen3", kind: str = "dflash2", seed: int = 0, **cfg) -> Path:
+    folder = _ROOT / f"drafter-{family}-{kind}-{seed}-{sorted(cfg.items())}"
+    if not folder.exists():
+        write_drafter(folder, drafter_config_dict(target_config(family), kind, **cfg), seed=seed)
+    return folder
+
+
+def load_pair_for(family="qwen3", kind="dflash2", quantize_bits=None, **cfg):
+    drafter = load_drafter(str(drafter_folder(family, kind, **cfg)))
+    target, tokenizer = load_target(str(target_folder(family, quantize_bits)),
+                                    layer_ids=drafter.config.target_layer_ids)
+    return target, tokenizer, drafter
+
+
+def ar_tokens(target, prompt, n):
+    from dflash2_mlx.decode import autoregressive_generate_step
+
+    return [s.tokens[0] for s in autoregressive_generate_step(prompt, target, max_tokens=n)]
+
+
+class ScriptedDrafter(Drafter):
+    """Proposes `reference` (the target's own continuation) with one wrong token
+    at a scheduled position per cycle, so every acceptance length occurs.
+
+    `schedule(cycle)` gives the draft index to corrupt; B-1 or more corrupts none.
+    The real drafter forward still runs, so its cache behaves as in production.
+    """
+
+    def __init__(self, base: Drafter, reference, prompt_len, schedule, vocab):
+        super().__init__(base.config, fc_in_features=base.fc.weight.shape[1])
+        self.update(base.parameters())
+        if self.is_dflash2:
+            sel = self.candidate_selector
+            sel.successor_codebook.weight = mx.zeros_like(sel.successor_codebook.weight)
+        self.reference, self.prompt_len, self.schedule, self.vocab = reference, prompt_len, schedule, vocab
+        self.cycle = 0
+
+    def draft(self, block_ids, features, cache, target):
+        hidden, _ = super().draft(block_ids, features, cache, target)
+        generated = cache[0].offset - self.prompt_len + 1  # committed tokens after the prompt
+        B = block_ids.shape[1]
+        wanted = list(self.reference[generated : generated + B - 1])
+        bad = self.schedule(self.cycle)
+        if bad < len(wanted):
+            wanted[bad] = (wanted[bad] + 1) % self.vocab
+        self.cycle += 1
+        logits = 10.0 * (mx.arange(self.vocab)[None, :] == mx.array(wanted)[:, None]).astype(mx.float32)
+        return hidden, logits

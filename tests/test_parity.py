@@ -1,0 +1,93 @@
+"""Greedy speculative decoding must be token-identical to plain greedy decoding.
+
+On the CPU backend a block forward is bitwise equal to the same tokens fed one
+by one (platform.md), so equality is asserted exactly.
+"""
+
+import pytest
+
+from dflash2_mlx.decode import speculative_generate_step
+from helpers import FAMILIES, ScriptedDrafter, ar_tokens, load_pair_for
+
+PROMPTS = {"short": [5], "medium": [17, 42, 99, 7, 250, 3, 61], "long": list(range(20, 120, 3))}
+N = 40
+
+
+def spec(target, drafter, prompt, B, n=N, **kw):
+    steps = list(speculative_generate_step(prompt, target, drafter, max_tokens=n, block_size=B, **kw))
+    return [t for s in steps for t in s.tokens], steps
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_scripted_drafter_hits_every_acceptance_length(family):
+    """Every family, B = 2..16, three prompt lengths, acceptance lengths 0..B-1."""
+    target, _, base = load_pair_for(family, "dflash")
+    V = target.vocab_size
+    for name, prompt in PROMPTS.items():
+        reference = ar_tokens(target, prompt, N + 16)
+        for B in range(2, 17):
+            n = B * (B + 1) // 2 + 2 * B  # B full cycles: every length once
+            if len(reference) < n + B:
+                reference = ar_tokens(target, prompt, n + B)
+            drafter = ScriptedDrafter(base, reference, len(prompt), lambda c, B=B: c % B, V)
+            out, steps = spec(target, drafter, prompt, B, n=n)
+            assert out == reference[:n], f"{family} {name} B={B}: diverged at {_first_diff(out, reference)}"
+            full = [s.accepted for s in steps[1:] if s.drafted == B - 1]
+            assert set(full) == set(range(B)), f"{family} {name} B={B}: lengths seen {sorted(set(full))}"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+def test_random_drafter_parity(family, kind):
+    target, _, drafter = load_pair_for(family, kind)
+    for prompt in PROMPTS.values():
+        reference = ar_tokens(target, prompt, N)
+        for B in (2, 5, 16):
+            out, _ = spec(target, drafter, prompt, B)
+            assert out == reference, f"diverged at {_first_diff(out, reference)}"
+
+
+def test_quantized_target_parity():
+    """A 4-bit target quantized as mlx-lm's convert does, with a DFlash 2 drafter."""
+    target, _, base = load_pair_for("qwen3", "dflash2", quantize_bits=4)
+    assert type(target.model.model.layers[0].mlp.up_proj).__name__ == "QuantizedLinear"
+    prompt = PROMPTS["medium"]
+    reference = ar_tokens(target, prompt, N + 16)
+    for B in (3, 8, 16):
+        drafter = ScriptedDrafter(base, reference, len(prompt), lambda c, B=B: c % B, target.vocab_size)
+        out, _ = spec(target, drafter, prompt, B)
+        assert out == reference[:N]
+        out, _ = spec(target, base, prompt, B)
+        assert out == reference[:N]
+
+
+def test_quantized_drafter_parity():
+    from dflash2_mlx.quantize import DraftQuant, quantize_drafter
+
+    target, _, drafter = load_pair_for("qwen3", "dflash2")
+    quantize_drafter(drafter, DraftQuant.parse("w4a32:gs32"))
+    assert type(drafter.layers[0].mlp.up_proj).__name__ == "QuantizedLinear"
+    for prompt in PROMPTS.values():
+        out, _ = spec(target, drafter, prompt, 6)
+        assert out == ar_tokens(target, prompt, N)
+
+
+def test_max_tokens_is_exact_and_eos_free():
+    target, _, drafter = load_pair_for("qwen3", "dflash2")
+    for n in (1, 2, 3, 17):
+        out, _ = spec(target, drafter, PROMPTS["short"], 16, n=n)
+        assert len(out) == n
+
+
+def test_runtime_block_size_is_bounded():
+    target, _, drafter = load_pair_for("qwen3", "dflash2")
+    for B in (1, 17):
+        with pytest.raises(ValueError, match="block size"):
+            spec(target, drafter, [1, 2], B)
+
+
+def _first_diff(a, b):
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return f"token {i}: {x} vs {y}"
+    return f"length {len(a)} vs {len(b)}"
