@@ -2,14 +2,21 @@
 
 import sys
 import traceback
+import warnings
 
 import typer
 
 from dflash2_mlx.errors import DFlashError
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None):
+    print(f"warning: {message}", file=sys.stderr)
+
+
 def run_guarded(app, argv=None) -> int:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    if not debug:
+        warnings.showwarning = _one_line_warning
     try:
         app(args=argv, standalone_mode=False)
         return 0

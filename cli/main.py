@@ -6,6 +6,7 @@ import typer
 
 from .errors import run_guarded
 from .generate import generate
+from .quantize import quantize
 
 app = typer.Typer(
     name="dflash2",
@@ -16,6 +17,7 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 app.command()(generate)
+app.command()(quantize)
 
 
 @app.callback()

@@ -132,6 +132,7 @@ def speculative_generate_step(
             prop = propose(drafter, draft_logits, hidden, anchor, sampling, transform, k_draft)
             profiler.lap("select", prop.draft)
             verify_in = mx.concatenate([mx.array([anchor], dtype=mx.int32), prop.draft])[None]
+            snapshot = target.snapshot(cache.target)
             logits, features = target(verify_in, cache.target)
             profiler.lap("verify", logits, features)
             if sampling.greedy:
@@ -146,7 +147,7 @@ def speculative_generate_step(
             left = max_tokens - generated
             if len(tokens) > left:  # the last block verified one draft past the limit
                 tokens, keep = tokens[:left], left
-            trim_prompt_cache(cache.target, B - keep)
+            target.rollback(cache.target, snapshot, verify_in, keep)
             pending = features[:, :keep]
             cache.tokens.extend(tokens)
             anchor = tokens[-1]

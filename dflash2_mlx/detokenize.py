@@ -47,11 +47,10 @@ class StopMatcher:
     def feed(self, text: str) -> tuple[str, bool]:
         """Returns (text safe to emit, stopped)."""
         held = self._held + text
-        for stop in self.stops:
-            at = held.find(stop)
-            if at >= 0:
-                self._held = ""
-                return held[:at], True
+        found = [at for at in (held.find(stop) for stop in self.stops) if at >= 0]
+        if found:  # cut at the earliest match, whatever the order of the stop strings
+            self._held = ""
+            return held[: min(found)], True
         keep = 0
         for stop in self.stops:
             for n in range(min(len(stop) - 1, len(held)), 0, -1):

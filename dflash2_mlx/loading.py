@@ -1,6 +1,7 @@
 """Load targets (through mlx-lm) and drafters (strictly, from the released format)."""
 
 import json
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -213,5 +214,10 @@ def load_pair(
         target.layer_ids = drafter.config.resolve_layer_ids(target.num_layers)
         check_compatibility(drafter, target)
         if quant:
+            if quant.fp16_activations:
+                warnings.warn(
+                    f"draft quantization {quant} uses fp16 activations, which overflow DFlash "
+                    "residuals and can zero acceptance on M1/M2: prefer a32 or abf16"
+                )
             quantize_drafter(drafter, quant)
     return target, tokenizer, drafter

@@ -50,7 +50,9 @@ class StatsRecorder:
         """`kept` is how many of the step's tokens were used (EOS/stop may cut)."""
         self.passes += 1
         self.committed += kept
-        self.histogram[min(len(step.tokens), self.block_size) - 1] += 1
+        # Count what the cycle committed (EOS / a stop string may cut it), so the
+        # histogram agrees with mean_acceptance_length.
+        self.histogram[min(kept, self.block_size) - 1] += 1
         self.drafted += step.drafted
         self.accepted += step.accepted
         for t in range(min(step.accepted + 1, step.drafted)):

@@ -35,7 +35,7 @@ TARGET_CONFIGS = {
 
 
 def target_config(model_type: str, vocab_size: int = 384, hidden_size: int = 64,
-                  num_hidden_layers: int = 4, tie_word_embeddings: bool = True) -> dict:
+                  num_hidden_layers: int = 4, tie_word_embeddings: bool = True, **overrides) -> dict:
     config = dict(
         model_type=model_type, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
         intermediate_size=2 * hidden_size, num_attention_heads=4, num_key_value_heads=2,
@@ -43,6 +43,7 @@ def target_config(model_type: str, vocab_size: int = 384, hidden_size: int = 64,
         eos_token_id=0,
     )
     config.update(TARGET_CONFIGS[model_type])
+    config.update(overrides)
     return config
 
 
@@ -174,3 +175,25 @@ def write_drafter(folder, config: dict, seed: int = 0, codebook_suffix: bool = F
                   trained_extras: bool = True) -> Path:
     drafter = random_drafter(config, seed, trained_extras)
     return _save(Path(folder), checkpoint_weights(drafter, codebook_suffix), config)
+
+
+def write_demo_pair(root) -> dict[str, Path]:
+    """A random qwen3 target with DFlash and DFlash 2 drafters, for trying the
+    tool offline before any real model is downloaded (the text is noise)."""
+    root = Path(root)
+    target = write_target(root / "target", "qwen3")
+    config = json.loads((target / "config.json").read_text())
+    return {
+        "target": target,
+        "dflash2": write_drafter(root / "dflash2", drafter_config_dict(config, "dflash2")),
+        "dflash": write_drafter(root / "dflash", drafter_config_dict(config, "dflash")),
+    }
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m dflash2_mlx.synthetic OUT_FOLDER")
+    for name, path in write_demo_pair(sys.argv[1]).items():
+        print(f"{name}: {path}")

@@ -13,7 +13,7 @@ from typing import Callable, Optional
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from .errors import UnsupportedModelError
 
@@ -116,6 +116,15 @@ class Target:
 
     def make_cache(self) -> list:
         return make_prompt_cache(self.model)
+
+    # -- rollback -----------------------------------------------------------------
+    def snapshot(self, cache: list):
+        """State needed to undo the next forward (None: every cache trims exactly)."""
+        return None
+
+    def rollback(self, cache: list, snapshot, tokens: mx.array, keep: int) -> None:
+        """Undo the last forward over `tokens` [1, L] except its first `keep` rows."""
+        trim_prompt_cache(cache, tokens.shape[1] - keep)
 
     # -- forward ------------------------------------------------------------------
     def __call__(
