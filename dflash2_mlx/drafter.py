@@ -49,28 +49,40 @@ class DrafterAttention(nn.Module):
         v = self.v_proj(x).reshape(N, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
         return self.rope(k, offset=offset), v
 
-    def __call__(self, x: mx.array, context: Optional[mx.array], cache: KVCache) -> mx.array:
+    def __call__(self, x: mx.array, context: "CachedContext") -> mx.array:
         N, B, _ = x.shape
-        if context is not None and context.shape[1] > 0:
-            kc, vc = self.keys_values(context, cache.offset)
-            kc, vc = cache.update_and_fetch(kc, vc)
-        elif cache.offset > 0:
-            kc, vc = cache.keys_and_values()
-        else:
-            kc = vc = None
-        block_start = cache.offset  # the anchor's absolute position
+        kc, vc, block_start, mask = context.keys_values(self)
         q = self.q_norm(self.q_proj(x).reshape(N, B, self.n_heads, -1)).transpose(0, 2, 1, 3)
         q = self.rope(q, offset=block_start)
         kb, vb = self.keys_values(x, block_start)
         if kc is not None:
-            if self.sliding_window is not None:
-                kc = kc[:, :, -(self.sliding_window - 1) :]
-                vc = vc[:, :, -(self.sliding_window - 1) :]
             kb = mx.concatenate([kc, kb], axis=2)
             vb = mx.concatenate([vc, vb], axis=2)
-        # Non-causal: every block row sees all context rows and the whole block.
-        out = mx.fast.scaled_dot_product_attention(q, kb, vb, scale=self.scale, mask=None)
+        # Non-causal: every block row sees its visible context rows and the whole block.
+        out = mx.fast.scaled_dot_product_attention(q, kb, vb, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(N, B, -1))
+
+
+class CachedContext:
+    """Inference context for one layer: new committed rows enter the layer's
+    cache, and the block sits right after everything cached."""
+
+    def __init__(self, rows: Optional[mx.array], cache: KVCache):
+        self.rows, self.cache = rows, cache
+
+    def keys_values(self, attn: DrafterAttention):
+        """(context keys, values, block start position, mask) for `attn`."""
+        cache = self.cache
+        if self.rows is not None and self.rows.shape[1] > 0:
+            kc, vc = cache.update_and_fetch(*attn.keys_values(self.rows, cache.offset))
+        elif cache.offset > 0:
+            kc, vc = cache.keys_and_values()
+        else:
+            return None, None, cache.offset, None
+        if attn.sliding_window is not None:
+            kc = kc[:, :, -(attn.sliding_window - 1) :]
+            vc = vc[:, :, -(attn.sliding_window - 1) :]
+        return kc, vc, cache.offset, None
 
 
 class DrafterMLP(nn.Module):
@@ -98,15 +110,15 @@ class DrafterLayer(nn.Module):
             self.attention_conv = TwoTapConv(H, config.conv_group_size)
             self.mlp_conv = TwoTapConv(H, config.conv_group_size)
 
-    def __call__(self, h: mx.array, context: Optional[mx.array], cache: KVCache) -> mx.array:
+    def __call__(self, h: mx.array, context) -> mx.array:
         x = self.input_layernorm(h)
         if not self.dflash2:
-            h = h + self.self_attn(x, context, cache)
+            h = h + self.self_attn(x, context)
             return h + self.mlp(self.post_attention_layernorm(h))
         # Both sides use coefficients computed from the sublayer input (spec §2.1).
         d = self.attention_conv.corrections(x)
         a = self.attention_conv(x, d, 0)
-        a = self.self_attn(a, context, cache)
+        a = self.self_attn(a, context)
         h = h + self.attention_conv(a, d, 1)
         m = self.post_attention_layernorm(h)
         e = self.mlp_conv.corrections(m)
@@ -159,12 +171,12 @@ class Drafter(nn.Module):
         Returns the final-normed hidden states of all B rows (row 0 is the anchor).
         """
         dtype = self.activation_dtype
-        context = None
+        rows = None
         if features is not None and features.shape[1] > 0:
-            context = self.project_context(features.astype(dtype))
+            rows = self.project_context(features.astype(dtype))
         h = block.astype(dtype)
         for layer, c in zip(self.layers, cache):
-            h = layer(h, context, c)
+            h = layer(h, CachedContext(rows, c))
         return self.norm(h)
 
     def draft(self, block_ids: mx.array, features: Optional[mx.array], cache: list[KVCache], target):
