@@ -43,6 +43,10 @@ def generate(
         raise DFlashError(f"--block-size {block_size} is too small: a block holds the anchor and at least one draft (use 2 or more)")
     if max_tokens < 1:
         raise DFlashError(f"--max-tokens {max_tokens} must be at least 1")
+    if ar and (block_size is not None or draft_quant):
+        import warnings
+
+        warnings.warn("--block-size and --draft-quant do nothing with --ar (no drafter is used)")
     template_kwargs = _parse_template_config(chat_template_config)
     text = read_prompt(prompt)
     if not text.strip():
