@@ -7,6 +7,7 @@ import typer
 from .errors import run_guarded
 from .generate import generate
 from .quantize import quantize
+from .train import train
 
 app = typer.Typer(
     name="dflash2",
@@ -18,6 +19,7 @@ app = typer.Typer(
 )
 app.command()(generate)
 app.command()(quantize)
+app.command()(train)
 
 
 @app.callback()

@@ -42,3 +42,40 @@ def print_closing(stats: GenerationStats) -> None:
 
 def status(message: str) -> None:
     err_console.print(f"[dim]{message}[/dim]")
+
+
+class TrainProgress:
+    """A progress bar with loss, recall and tokens/s; notes print above it."""
+
+    def __init__(self, total: int, done: int, enabled: bool = True):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.enabled = enabled
+        self._progress = Progress(
+            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"), TimeRemainingColumn(), console=err_console,
+        )
+        self._task = self._progress.add_task("train", total=total, completed=done, info="")
+
+    def __enter__(self):
+        if self.enabled:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self._progress.stop()
+
+    def step(self, event) -> None:
+        info = (f"loss {event.loss:.3f} sel {event.selector_loss:.3f} recall {event.recall1:.3f} "
+                f"{event.tokens_per_s:,.0f} tok/s lr {event.lr:.2e}")
+        self._progress.update(self._task, completed=event.step, info=info)
+
+    def note(self, text: str) -> None:
+        self._progress.console.print(f"[dim]{text}[/dim]")
+
+
+def eval_line(event) -> str:
+    r1 = " ".join(f"{x:.2f}" for x in event.recall1_by_position)
+    rk = " ".join(f"{x:.2f}" for x in event.recallK_by_position)
+    return f"eval @ {event.step}: loss {event.loss:.3f} | recall@1 by position {r1} | recall@K {rk}"

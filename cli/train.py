@@ -1,0 +1,61 @@
+"""`dflash2 train`: train a DFlash / DFlash 2 drafter for an mlx-lm target.
+
+Data parallel over processes with MLX's own launcher, e.g. on both cores here:
+    mlx.launch -n 2 --backend ring $(which dflash2) train --model builtin --data corpus/ --out runs/d
+"""
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from . import options as o
+from . import ui
+
+
+def train(
+    data: Annotated[list[Path], typer.Option("--data", help="Text/JSONL files or folders (repeatable).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Run folder: checkpoints/ and the final drafter/.")],
+    model: o.Model = "builtin",
+    kind: Annotated[str, typer.Option("--kind", help="dflash2 or dflash.")] = "dflash2",
+    trainable: Annotated[str, typer.Option("--train", help="all, dflash2 (conv + selector) or selector.")] = "all",
+    init_from: Annotated[Optional[str], typer.Option("--init-from", help="Start from this drafter (e.g. a DFlash v1 one to upgrade).")] = None,
+    layers: Annotated[int, typer.Option("--layers", help="Drafter layers (new drafters).")] = 1,
+    block_size: Annotated[int, typer.Option("--block-size", help="Block size (new drafters).")] = 16,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Training sequence length.")] = 256,
+    steps: Annotated[int, typer.Option("--steps")] = 1000,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per step, all processes together.")] = 8,
+    blocks_per_seq: Annotated[int, typer.Option("--blocks-per-seq")] = 8,
+    lr: Annotated[float, typer.Option("--lr")] = 6e-4,
+    selector_rank: Annotated[int, typer.Option("--selector-rank")] = 256,
+    regenerate: Annotated[int, typer.Option("--regenerate", help="Complete each prompt with the target (this many tokens) first.")] = 0,
+    eval_every: Annotated[int, typer.Option("--eval-every")] = 100,
+    save_every: Annotated[int, typer.Option("--save-every")] = 100,
+    seed: o.Seed = 0,
+    debug: o.Debug = False,
+):
+    """Train a drafter; resumes from OUT/checkpoints when present."""
+    import mlx.core as mx
+
+    from dflash2_mlx.train.setup import prepare
+    from dflash2_mlx.train.trainer import EvalEvent, SavedEvent, StepEvent, TrainConfig
+
+    group = mx.distributed.init()
+    config = TrainConfig(trainable=trainable, steps=steps, batch_size=batch_size, blocks_per_seq=blocks_per_seq,
+                         lr=lr, eval_every=eval_every, save_every=save_every, seed=seed or 0)
+    trainer = prepare(model, [str(p) for p in data], out, kind=kind, num_layers=layers, block_size=block_size,
+                      seq_len=seq_len, init_from=init_from, regenerate_tokens=regenerate,
+                      selector_rank=selector_rank, config=config, group=group if group.size() > 1 else None)
+    lead = group.rank() == 0
+    if trainer.resume() and lead:
+        ui.status(f"resumed from step {trainer.step}")
+    with ui.TrainProgress(steps, trainer.step, enabled=lead) as progress:
+        for event in trainer.run():
+            if not lead:
+                continue
+            if isinstance(event, StepEvent):
+                progress.step(event)
+            elif isinstance(event, EvalEvent):
+                progress.note(ui.eval_line(event))
+            elif isinstance(event, SavedEvent):
+                progress.note(f"saved {event.path}")

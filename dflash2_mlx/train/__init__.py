@@ -1,0 +1,1 @@
+"""Training DFlash and DFlash 2 drafters against a frozen mlx-lm target (spec §4)."""

@@ -1,0 +1,138 @@
+"""Training data: text or JSONL files -> fixed-length token sequences.
+
+JSONL lines may hold `text`, or `prompt` and `response`/`completion`, or chat
+`messages`. With regeneration, each prompt is completed by the target itself
+(batched) so the drafter learns the target's own distribution.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..errors import DFlashError
+
+
+@dataclass(frozen=True)
+class Example:
+    prompt: str
+    response: str = ""
+    source: str = ""  # file (and line) it came from: the held-out split is by source
+
+
+def read_examples(paths: Sequence[str]) -> list[Example]:
+    examples = []
+    for raw in paths:
+        path = Path(raw).expanduser()
+        if path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.suffix in (".txt", ".jsonl", ".py", ".md"))
+        elif path.is_file():
+            files = [path]
+        else:
+            raise DFlashError(f"training data '{raw}' does not exist")
+        for f in files:
+            examples.extend(_read_file(f))
+    examples = [e for e in examples if (e.prompt + e.response).strip()]
+    if not examples:
+        raise DFlashError(f"the training data in {', '.join(paths)} is empty: give text or JSONL files with content")
+    return examples
+
+
+def _read_file(f: Path) -> list[Example]:
+    try:
+        text = f.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise DFlashError(f"training file '{f}' is not UTF-8 text") from None
+    if f.suffix != ".jsonl":
+        return [Example(text, source=str(f))]
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise DFlashError(f"{f}:{n} is not valid JSON") from None
+        if "messages" in row:
+            msgs = row["messages"]
+            answer = msgs[-1]["content"] if msgs and msgs[-1].get("role") == "assistant" else ""
+            prompt = "\n".join(m["content"] for m in (msgs[:-1] if answer else msgs))
+            out.append(Example(prompt, answer, f"{f}:{n}"))
+        elif "prompt" in row:
+            out.append(Example(row["prompt"], row.get("response") or row.get("completion") or "", f"{f}:{n}"))
+        elif "text" in row:
+            out.append(Example(row["text"], source=f"{f}:{n}"))
+        else:
+            raise DFlashError(f"{f}:{n} has none of text, prompt or messages")
+    return out
+
+
+def regenerate(examples: list[Example], model, tokenizer, max_tokens: int, batch_size: int = 16) -> list[Example]:
+    """Replace each response with the target's own greedy completion of the prompt."""
+    from mlx_lm.generate import batch_generate
+
+    out = []
+    for i in range(0, len(examples), batch_size):
+        chunk = examples[i : i + batch_size]
+        prompts = [tokenizer.encode(e.prompt) for e in chunk]
+        res = batch_generate(model, tokenizer, prompts, max_tokens=max_tokens)
+        out.extend(Example(e.prompt, text, e.source) for e, text in zip(chunk, res.texts))
+    return out
+
+
+def _pieces(text: str, size: int = 2048):
+    """Long texts in ~`size` pieces cut before an unindented line, so encoding
+    stays within tokenizer length limits and cuts fall where merges do not span."""
+    start = 0
+    while len(text) - start > size:
+        last = text.rfind("\n", start + 1, start + size)
+        cut = last
+        while cut > start and text[cut + 1].isspace():
+            cut = text.rfind("\n", start + 1, cut)
+        if cut <= start:  # no unindented line: any line end, else a hard cut
+            cut = last if last > start else start + size - 1
+        yield text[start : cut + 1]
+        start = cut + 1
+    yield text[start:]
+
+
+def pack_sequences(examples: list[Example], tokenizer, seq_len: int, eos_id: Optional[int]) -> np.ndarray:
+    """Concatenate examples (EOS-separated) and cut into [n, seq_len] rows."""
+    stream: list[int] = []
+    for e in examples:
+        for piece in _pieces(e.prompt + e.response):
+            stream.extend(tokenizer.encode(piece, add_special_tokens=False))
+        if eos_id is not None:
+            stream.append(eos_id)
+    n = len(stream) // seq_len
+    if n == 0:
+        raise DFlashError(
+            f"the training data has {len(stream)} tokens, fewer than one sequence of {seq_len}: "
+            "add data or lower --seq-len"
+        )
+    return np.array(stream[: n * seq_len], dtype=np.int32).reshape(n, seq_len)
+
+
+class BatchOrder:
+    """Deterministic epoch-shuffled order over sequences; its position is state."""
+
+    def __init__(self, n: int, seed: int, epoch: int = 0, position: int = 0):
+        self.n, self.seed, self.epoch, self.position = n, seed, epoch, position
+        self._perm = np.random.default_rng([seed, epoch]).permutation(n)
+
+    def next(self, count: int) -> np.ndarray:
+        out = []
+        while len(out) < count:
+            if self.position >= self.n:
+                self.epoch += 1
+                self.position = 0
+                self._perm = np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
+            take = min(count - len(out), self.n - self.position)
+            out.extend(self._perm[self.position : self.position + take])
+            self.position += take
+        return np.array(out)
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}

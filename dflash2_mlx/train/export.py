@@ -1,0 +1,94 @@
+"""Drafter configs for new drafters and export in the released checkpoint format."""
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from ..config import DFLASH2_ARCH, DFLASH_ARCH, default_target_layer_ids
+from ..errors import DFlashError
+
+
+def new_drafter_config(target, kind: str, num_layers: int, block_size: int, mask_token_id: int,
+                       selector_rank: int = 256, selector_top_k: int = 16) -> dict:
+    """A config.json for a fresh drafter shaped like `target` (z-lab layout, nested)."""
+    args = target.model.args
+    H = target.hidden_size
+    heads = args.num_attention_heads
+    head_dim = getattr(args, "head_dim", None) or H // heads
+    ids = default_target_layer_ids(target.num_layers, num_layers)
+    config = {
+        "architectures": [DFLASH2_ARCH if kind == "dflash2" else DFLASH_ARCH],
+        "model_type": "qwen3",
+        "hidden_size": H,
+        "intermediate_size": args.intermediate_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": args.num_key_value_heads,
+        "head_dim": head_dim,
+        "rms_norm_eps": args.rms_norm_eps,
+        "rope_theta": getattr(args, "rope_theta", None) or 10000.0,
+        "max_position_embeddings": getattr(args, "max_position_embeddings", None) or 4096,
+        "vocab_size": target.vocab_size,
+        "attention_bias": False,
+        "tie_word_embeddings": True,
+        "num_target_layers": target.num_layers,
+        "layer_types": ["full_attention"] * num_layers,
+        "dtype": "bfloat16",
+        "dflash_config": {"block_size": block_size, "mask_token_id": mask_token_id, "target_layer_ids": ids},
+    }
+    if kind == "dflash2":
+        config["is_causal"] = False
+        config["dflash_config"].update(
+            conv_group_size=16, conv_kernel_size=2, selector_rank=selector_rank, selector_top_k=selector_top_k
+        )
+    return config
+
+
+def released_weights(drafter, dtype=mx.bfloat16) -> dict[str, mx.array]:
+    """Parameters under the released names (codebooks without `.weight`)."""
+    out = {}
+    for name, value in tree_flatten(drafter.parameters()):
+        if name.startswith("candidate_selector.") and name.endswith("_codebook.weight"):
+            name = name[: -len(".weight")]
+        out[name] = value.astype(dtype)
+    return out
+
+
+def atomic_write_folder(folder: Path, files: dict[str, object]) -> Path:
+    """Write `files` (name -> dict of arrays or JSON-able object) as `folder`,
+    replacing an earlier export only once the new one is complete."""
+    folder = Path(folder)
+    parent = folder.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = parent / f".{folder.name}.{uuid.uuid4().hex[:8]}.tmp"
+        tmp.mkdir()
+    except OSError as e:
+        raise DFlashError(f"cannot write into '{parent}' ({e.strerror}): choose a writable output folder") from None
+    try:
+        for name, content in files.items():
+            if name.endswith(".safetensors"):
+                mx.save_safetensors(str(tmp / name), content, metadata={"format": "pt"})
+            else:
+                (tmp / name).write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
+        old = None
+        if folder.exists():
+            old = parent / f".{folder.name}.{uuid.uuid4().hex[:8]}.old"
+            os.replace(folder, old)
+        os.replace(tmp, folder)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder
+
+
+def export_drafter(drafter, config: dict, folder) -> Path:
+    """The drafter as a released-format checkpoint (vLLM / SGLang layout)."""
+    return atomic_write_folder(Path(folder), {"model.safetensors": released_weights(drafter), "config.json": config})

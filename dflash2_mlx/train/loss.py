@@ -1,0 +1,70 @@
+"""Drafter losses and teacher-forced metrics (spec §4, §5)."""
+
+import math
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..selector import top_k_candidates, transform_unary
+
+
+def decay_gamma(block_size: int) -> float:
+    """Position-decay constant of the reference recipes: 7 (B=16), 5 (B=10), 4 (B=8)."""
+    if block_size >= 16:
+        return 7.0
+    if block_size >= 10:
+        return 5.0
+    return 4.0
+
+
+def block_loss(logits: mx.array, labels: mx.array) -> mx.array:
+    """Cross-entropy over rows k = 1..B-1 weighted exp(-(k-1)/γ). logits [NB, B-1, V]."""
+    Bm1 = labels.shape[1]
+    gamma = decay_gamma(Bm1 + 1)
+    w = mx.array([math.exp(-k / gamma) for k in range(Bm1)], dtype=mx.float32)
+    ce = nn.losses.cross_entropy(logits.astype(mx.float32), labels, reduction="none")  # [NB, B-1]
+    return mx.sum(ce * w) / (ce.shape[0] * mx.sum(w))
+
+
+def selector_loss(drafter, logits, hidden, block_inputs, labels):
+    """CE of the selector scores over the drafter's own top-K, with the *true*
+    previous token as predecessor; positions whose label is not in the top-K
+    contribute nothing. Averaged over all positions (not only the scored ones)
+    so that every data-parallel shard uses the same normaliser and averaging
+    shard gradients equals the one-process gradient.
+    Returns (loss, number of scored positions)."""
+    config = drafter.config
+    K = config.selector_top_k
+    NB, Bm1, V = logits.shape
+    flat = logits.reshape(NB * Bm1, V)
+    _, cand = top_k_candidates(mx.stop_gradient(flat), K)
+    unary = mx.take_along_axis(flat.astype(mx.float32), cand, axis=-1)
+    unary = transform_unary(unary, config.output_multiplier, config.final_logit_softcapping)
+    pred = mx.concatenate([block_inputs[:, :1], labels[:, :-1]], axis=1).reshape(-1)
+    sel = drafter.candidate_selector
+    gate = sel.hidden_projection(hidden.reshape(NB * Bm1, -1)).astype(mx.float32)
+    a = sel.predecessor_codebook(pred).astype(mx.float32) * gate  # [N, r]
+    b = sel.successor_codebook(cand).astype(mx.float32)  # [N, K, r]
+    scores = unary + mx.sum(a[:, None, :] * b, axis=-1)
+    hit = cand == labels.reshape(-1, 1)
+    valid = mx.any(hit, axis=-1)
+    target = mx.argmax(hit, axis=-1)
+    ce = nn.losses.cross_entropy(scores, target, reduction="none")
+    return mx.sum(mx.where(valid, ce, 0.0)) / ce.shape[0], mx.sum(valid)
+
+
+def recall_by_position(logits: mx.array, labels: mx.array, K: int) -> tuple[mx.array, mx.array, mx.array]:
+    """Conditional Recall@1 and Recall@K per position (spec §5).
+
+    Position t counts only blocks whose earlier positions were all right at
+    top-1. Returns (hits@1 [B-1], hits@K [B-1], reached [B-1]) as counts.
+    """
+    NB, Bm1, V = logits.shape
+    top1 = mx.argmax(logits, axis=-1) == labels
+    _, cand = top_k_candidates(logits.reshape(NB * Bm1, V), K)
+    inK = mx.any(cand.reshape(NB, Bm1, K) == labels[..., None], axis=-1)
+    prefix_ok = mx.concatenate(
+        [mx.ones((NB, 1), dtype=mx.int32), mx.cumprod(top1.astype(mx.int32), axis=1)[:, :-1]], axis=1
+    )
+    reached = mx.sum(prefix_ok, axis=0)
+    return (mx.sum(prefix_ok * top1, axis=0), mx.sum(prefix_ok * inK, axis=0), reached)

@@ -1,0 +1,58 @@
+"""Many training blocks per sequence in one drafter pass (spec §4).
+
+Each block `[x_anchor, MASK, ...]` becomes one row of the batch; its queries
+see the context rows strictly before its anchor (within the sliding window on
+sliding layers) and its own block, nothing else. The context keys/values of a
+sequence are projected once per layer and gathered for each of its blocks.
+"""
+
+import mlx.core as mx
+import numpy as np
+
+
+class PackedContext:
+    """Context source for `DrafterAttention` during training."""
+
+    def __init__(self, rows: mx.array, seq_of_block: mx.array, anchors: mx.array, block_size: int):
+        self.rows = rows  # [S, L, H] projected target features
+        self.seq_of_block = seq_of_block  # [NB] which sequence each block reads
+        self.anchors = anchors  # [NB] absolute position of each anchor
+        self.block_size = block_size
+
+    def keys_values(self, attn):
+        kc, vc = attn.keys_values(self.rows, 0)
+        kc, vc = kc[self.seq_of_block], vc[self.seq_of_block]
+        L = self.rows.shape[1]
+        j = mx.arange(L)[None, :]
+        anchor = self.anchors[:, None]
+        visible = j < anchor
+        if attn.sliding_window is not None:
+            visible = visible & (j >= anchor - (attn.sliding_window - 1))
+        block = mx.ones((visible.shape[0], self.block_size), dtype=mx.bool_)
+        mask = mx.concatenate([visible, block], axis=1)[:, None, None, :]
+        return kc, vc, self.anchors, mask
+
+
+def sample_anchors(keys: list, seq_len: int, block_size: int, per_seq: int):
+    """Random anchors with a full block ahead and at least one context row.
+
+    One seed key per sequence (e.g. (seed, step, position in the global
+    batch)), so a sequence gets the same anchors whichever process trains it.
+    """
+    high = seq_len - block_size + 1  # exclusive: anchor + B - 1 <= L - 1
+    if high <= 1:
+        raise ValueError(f"block size {block_size} needs sequences longer than {block_size}")
+    anchors = np.stack([np.random.default_rng(k).integers(1, high, size=per_seq) for k in keys])
+    seq = np.repeat(np.arange(len(keys)), per_seq)
+    return seq.astype(np.int32), anchors.reshape(-1).astype(np.int32)
+
+
+def make_blocks(tokens: mx.array, seq: mx.array, anchors: mx.array, block_size: int, mask_id: int):
+    """Block inputs [NB, B] and labels [NB, B-1] (x_{anchor+k}, k = 1..B-1)."""
+    offsets = mx.arange(block_size)[None, :]
+    positions = anchors[:, None] + offsets
+    window = tokens[seq[:, None], positions]
+    inputs = mx.concatenate(
+        [window[:, :1], mx.full((window.shape[0], block_size - 1), mask_id, dtype=window.dtype)], axis=1
+    )
+    return inputs, window[:, 1:]

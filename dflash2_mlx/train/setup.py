@@ -1,0 +1,106 @@
+"""Assemble a training run: target, data split, drafter (new or upgraded)."""
+
+import hashlib
+from pathlib import Path
+from typing import Optional, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from ..config import DrafterConfig
+from ..drafter import Drafter
+from ..errors import DFlashError
+from ..loading import load_drafter, load_target, resolve_builtin
+from .data import pack_sequences, read_examples, regenerate
+from .export import new_drafter_config
+from .trainer import DrafterTrainer, TrainConfig
+
+
+def find_mask_token(target, tokenizer) -> int:
+    """A mask id that is an embedding row but never a generated text token."""
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    if "<|mask|>" in vocab:
+        return vocab["<|mask|>"]
+    if target.embedding_rows > len(vocab):
+        return len(vocab)  # first row past the tokenizer, as Qwen3 drafters use
+    raise DFlashError("the target has no spare embedding row for a mask token: pass --mask-token-id")
+
+
+def is_heldout(name: str, fraction: float) -> bool:
+    """Deterministic split of whole examples (files, modules) by name."""
+    h = int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    return h < fraction
+
+
+def upgrade_to_dflash2(source: Drafter, config: dict) -> Drafter:
+    """A DFlash 2 drafter holding `source`'s backbone, conv and selector at identity."""
+    drafter = Drafter(DrafterConfig.from_dict(config), fc_in_features=source.fc.weight.shape[1])
+    drafter.update(source.parameters())
+    return drafter
+
+
+def prepare(
+    target_ref: str,
+    data: Sequence[str],
+    out_dir,
+    *,
+    kind: str = "dflash2",
+    num_layers: int = 1,
+    block_size: int = 16,
+    seq_len: int = 256,
+    init_from: Optional[str] = None,
+    mask_token_id: Optional[int] = None,
+    regenerate_tokens: int = 0,
+    heldout_fraction: float = 0.05,
+    selector_rank: int = 256,
+    config: TrainConfig = TrainConfig(),
+    group=None,
+) -> DrafterTrainer:
+    if kind not in ("dflash", "dflash2"):
+        raise DFlashError(f"--kind '{kind}' is not one of dflash, dflash2")
+    if block_size < 2:
+        raise DFlashError(f"--block-size {block_size} must be at least 2")
+    if seq_len <= block_size:
+        raise DFlashError(f"--block-size {block_size} does not fit --seq-len {seq_len}: a block needs context before it")
+    out_dir = Path(out_dir).expanduser()
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise DFlashError(f"cannot write to output folder '{out_dir}' ({e.strerror}): choose another --out") from None
+
+    examples = read_examples(data)
+    target, tokenizer = load_target(resolve_builtin(target_ref, "target"), activation_dtype=mx.float32)
+    if init_from:
+        source = load_drafter(resolve_builtin(init_from, "drafter"), activation_dtype=mx.float32)
+        dcfg = new_drafter_config(target, kind, source.config.num_hidden_layers, source.config.block_size,
+                                  source.config.mask_token_id, selector_rank)
+        dcfg["dflash_config"]["target_layer_ids"] = source.config.resolve_layer_ids(target.num_layers)
+        from ..compat import check_compatibility
+
+        target.layer_ids = dcfg["dflash_config"]["target_layer_ids"]
+        check_compatibility(source, target)
+        drafter = upgrade_to_dflash2(source, dcfg) if kind == "dflash2" and not source.is_dflash2 else source
+        if kind == "dflash" and source.is_dflash2:
+            raise DFlashError("--init-from gives a DFlash 2 drafter but --kind is dflash")
+    else:
+        mask = find_mask_token(target, tokenizer) if mask_token_id is None else mask_token_id
+        dcfg = new_drafter_config(target, kind, num_layers, block_size, mask, selector_rank)
+        mx.random.seed(config.seed)  # the initial weights are part of the run's identity
+        drafter = Drafter(DrafterConfig.from_dict(dcfg), fc_in_features=len(dcfg["dflash_config"]["target_layer_ids"]) * target.hidden_size)
+        if kind == "dflash2":  # spec §2.2: A ~ N(0, 0.02), B = 0
+            sel = drafter.candidate_selector
+            sel.predecessor_codebook.weight = 0.02 * mx.random.normal(sel.predecessor_codebook.weight.shape,
+                                                                      key=mx.random.key(config.seed))
+    target.layer_ids = dcfg["dflash_config"]["target_layer_ids"]
+    drafter.set_dtype(mx.float32)
+    if regenerate_tokens:
+        examples = regenerate(examples, target.model, tokenizer, regenerate_tokens)
+    held = [e for e in examples if is_heldout(e.source, heldout_fraction)]
+    train = [e for e in examples if not is_heldout(e.source, heldout_fraction)] or examples
+    eos = tokenizer.eos_token_id
+    sequences = pack_sequences(train, tokenizer, seq_len, eos)
+    heldout = pack_sequences(held, tokenizer, seq_len, eos) if held else sequences[:8]
+    return DrafterTrainer(target, drafter, dcfg, sequences, heldout, config, out_dir, group)

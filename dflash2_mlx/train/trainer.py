@@ -1,0 +1,251 @@
+"""The drafter training loop: online target features, packed blocks, AdamW.
+
+`train` is a generator of progress events (the CLI renders them); it writes
+atomic checkpoints and resumes exactly: the data order and every anchor are
+functions of (seed, step, rank), so a resumed run sees the same batches.
+Data parallelism uses MLX's own distributed backend (`mlx.launch`): each rank
+takes its slice of every global batch and gradients are averaged.
+"""
+
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator, Optional, Union
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from ..errors import DFlashError
+from .data import BatchOrder
+from .export import atomic_write_folder, export_drafter
+from .loss import block_loss, recall_by_position, selector_loss
+from .packing import PackedContext, make_blocks, sample_anchors
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    trainable: str = "all"  # "all", "dflash2" (conv + selector) or "selector"
+    steps: int = 1000
+    batch_size: int = 8  # sequences per step, over all ranks
+    blocks_per_seq: int = 8
+    lr: float = 6e-4
+    warmup: float = 0.04
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    selector_loss_weight: float = 1.0
+    eval_every: int = 100
+    save_every: int = 100
+    keep_checkpoints: int = 2
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    step: int
+    loss: float
+    selector_loss: float
+    lr: float
+    tokens_per_s: float
+    recall1: float  # teacher-forced top-1 hit rate over all draft rows of this batch
+
+
+@dataclass(frozen=True)
+class EvalEvent:
+    step: int
+    loss: float
+    recall1_by_position: list
+    recallK_by_position: list
+
+
+@dataclass(frozen=True)
+class SavedEvent:
+    step: int
+    path: str
+
+
+Event = Union[StepEvent, EvalEvent, SavedEvent]
+
+
+def select_trainable(drafter, which: str) -> None:
+    """Freeze everything the run should not train."""
+    if which == "all":
+        drafter.unfreeze()
+        return
+    if not drafter.is_dflash2:
+        raise DFlashError(f"--train {which} needs a DFlash 2 drafter (it trains the DFlash 2 parts)")
+    drafter.freeze()
+    drafter.candidate_selector.unfreeze()
+    if which == "dflash2":
+        for layer in drafter.layers:
+            layer.attention_conv.unfreeze()
+            layer.mlp_conv.unfreeze()
+    elif which != "selector":
+        raise DFlashError(f"--train '{which}' is not one of all, dflash2, selector")
+
+
+class DrafterTrainer:
+    def __init__(self, target, drafter, drafter_config: dict, sequences: np.ndarray,
+                 heldout: np.ndarray, config: TrainConfig, out_dir, group=None):
+        self.target, self.drafter, self.drafter_config = target, drafter, drafter_config
+        self.sequences, self.heldout, self.config = sequences, heldout, config
+        self.out_dir = Path(out_dir)
+        self.group = group
+        self.rank = group.rank() if group else 0
+        self.world = group.size() if group else 1
+        if config.batch_size % self.world:
+            raise DFlashError(f"--batch-size {config.batch_size} must be a multiple of the {self.world} processes")
+        B = drafter.config.block_size
+        if sequences.shape[1] <= B:
+            raise DFlashError(
+                f"block size {B} does not fit sequences of {sequences.shape[1]} tokens: raise --seq-len above {B}"
+            )
+        self.mask_id = drafter.config.mask_token_id
+        select_trainable(drafter, config.trainable)
+        warm = max(1, int(config.warmup * config.steps))
+        schedule = optim.join_schedules(
+            [optim.linear_schedule(0.0, config.lr, warm), optim.cosine_decay(config.lr, max(1, config.steps - warm))],
+            [warm],
+        )
+        self.optimizer = optim.AdamW(learning_rate=schedule, betas=[0.9, 0.95], weight_decay=config.weight_decay)
+        self.step = 0
+        self._grad_fn = nn.value_and_grad(drafter, self._loss)
+
+    # -- the model pass ---------------------------------------------------------
+    def _features(self, tokens: mx.array) -> mx.array:
+        _, feats = self.target(tokens, [None] * self.target.num_layers, capture=True, last_logits_only=True)
+        return mx.stop_gradient(feats)
+
+    def _forward(self, drafter, feats, inputs, seq, anchors):
+        rows = drafter.project_context(feats.astype(drafter.activation_dtype))
+        h = self.target.embed(inputs).astype(drafter.activation_dtype)
+        ctx = PackedContext(rows, seq, anchors, inputs.shape[1])
+        for layer in drafter.layers:
+            h = layer(h, ctx)
+        hidden = drafter.norm(h)[:, 1:].astype(self.target.activation_dtype)
+        return hidden, self.target.lm_head(hidden)
+
+    def _loss(self, drafter, feats, inputs, labels, seq, anchors):
+        hidden, logits = self._forward(drafter, feats, inputs, seq, anchors)
+        loss = block_loss(logits, labels)
+        sel = mx.array(0.0)
+        if drafter.is_dflash2:
+            sel, _ = selector_loss(drafter, logits, hidden, inputs, labels)
+        recall = mx.mean((mx.argmax(logits, axis=-1) == labels).astype(mx.float32))
+        return loss + self.config.selector_loss_weight * sel, (loss, sel, recall)
+
+    def _batch(self, rows: np.ndarray, keys: list, source: np.ndarray):
+        B = self.drafter.config.block_size
+        tokens = mx.array(source[rows])
+        seq, anchors = sample_anchors(keys, tokens.shape[1], B, self.config.blocks_per_seq)
+        seq, anchors = mx.array(seq), mx.array(anchors)
+        inputs, labels = make_blocks(tokens, seq, anchors, B, self.mask_id)
+        return self._features(tokens), inputs, labels, seq, anchors
+
+    # -- steps ----------------------------------------------------------------------
+    def _global_rows(self, step: int) -> np.ndarray:
+        """The global batch of `step`: a pure function of (seed, step)."""
+        n, bs = len(self.sequences), self.config.batch_size
+        consumed = step * bs
+        return BatchOrder(n, self.config.seed, consumed // n, consumed % n).next(bs)
+
+    def train_step(self) -> StepEvent:
+        tic = time.perf_counter()
+        positions = np.arange(self.config.batch_size)[self.rank :: self.world]
+        rows = self._global_rows(self.step)[positions]
+        keys = [[self.config.seed, self.step, int(p)] for p in positions]
+        batch = self._batch(rows, keys, self.sequences)
+        (_, (loss, sel, recall)), grads = self._grad_fn(self.drafter, *batch)
+        if self.world > 1:
+            grads = nn.average_gradients(grads, group=self.group)
+            loss, sel, recall = (mx.distributed.all_sum(x, group=self.group) / self.world for x in (loss, sel, recall))
+        grads, _ = optim.clip_grad_norm(grads, self.config.grad_clip)
+        lr = self.optimizer.learning_rate
+        self.optimizer.update(self.drafter, grads)
+        mx.eval(self.drafter.parameters(), self.optimizer.state, loss, sel, recall)
+        self.step += 1
+        seconds = time.perf_counter() - tic
+        tokens = self.config.batch_size * self.sequences.shape[1]
+        return StepEvent(self.step, loss.item(), sel.item(), float(lr), tokens / seconds, recall.item())
+
+    def evaluate(self, max_seqs: int = 64) -> EvalEvent:
+        """Held-out loss and conditional Recall@1/@K by position (fixed anchors)."""
+        rows = np.arange(min(max_seqs, len(self.heldout)))
+        total, hits1, hitsK, reached, n = 0.0, 0, 0, 0, 0
+        for start in range(0, len(rows), 8):
+            chunk = rows[start : start + 8]
+            keys = [[self.config.seed, 2**31 - 1, int(r)] for r in chunk]  # fixed eval anchors
+            feats, inputs, labels, seq, anchors = self._batch(chunk, keys, self.heldout)
+            hidden, logits = self._forward(self.drafter, feats, inputs, seq, anchors)
+            h1, hK, r = recall_by_position(logits, labels, self.drafter.config.selector_top_k)
+            total += block_loss(logits, labels).item() * inputs.shape[0]
+            n += inputs.shape[0]
+            hits1, hitsK, reached = hits1 + np.array(h1), hitsK + np.array(hK), reached + np.array(r)
+        safe = np.maximum(reached, 1)
+        return EvalEvent(self.step, total / max(n, 1), (hits1 / safe).tolist(), (hitsK / safe).tolist())
+
+    # -- checkpoints --------------------------------------------------------------------
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.out_dir / "checkpoints"
+
+    def save(self) -> Optional[Path]:
+        """Atomic training checkpoint (rank 0 writes; all ranks hold the same state)."""
+        if self.rank != 0:
+            return None
+        folder = self.ckpt_dir / f"step-{self.step:07d}"
+        state = {"step": self.step, "config": asdict(self.config), "drafter_config": self.drafter_config}
+        atomic_write_folder(folder, {
+            "drafter.safetensors": dict(tree_flatten(self.drafter.parameters())),
+            "optimizer.safetensors": dict(tree_flatten(self.optimizer.state)),
+            "state.json": state,
+        })
+        atomic_write_folder(self.ckpt_dir / "latest", {"pointer.json": {"folder": folder.name}})
+        for old in sorted(self.ckpt_dir.glob("step-*"))[: -self.config.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+        return folder
+
+    def resume(self) -> bool:
+        """Continue from the latest checkpoint in the output folder, if any."""
+        pointer = self.ckpt_dir / "latest" / "pointer.json"
+        if not pointer.exists():
+            return False
+        try:
+            folder = self.ckpt_dir / json.loads(pointer.read_text())["folder"]
+            state = json.loads((folder / "state.json").read_text())
+            params = mx.load(str(folder / "drafter.safetensors"))
+            opt_state = mx.load(str(folder / "optimizer.safetensors"))
+        except Exception as e:
+            raise DFlashError(
+                f"the checkpoint in '{self.ckpt_dir}' is corrupt or incomplete ({type(e).__name__}): "
+                "delete that folder to start over"
+            ) from None
+        if state["drafter_config"] != self.drafter_config:
+            raise DFlashError(f"the checkpoint in '{self.ckpt_dir}' is for a different drafter: use another --out")
+        self.drafter.load_weights(list(params.items()), strict=True)
+        self.optimizer.state = tree_unflatten(list(opt_state.items()))
+        self.step = state["step"]
+        mx.eval(self.drafter.parameters(), self.optimizer.state)
+        return True
+
+    def export(self, folder=None) -> Path:
+        return export_drafter(self.drafter, self.drafter_config, folder or self.out_dir / "drafter")
+
+    # -- the loop -------------------------------------------------------------------------
+    def run(self) -> Iterator[Event]:
+        c = self.config
+        while self.step < c.steps:
+            yield self.train_step()
+            if self.step % c.eval_every == 0 or self.step == c.steps:
+                yield self.evaluate()
+            if self.step % c.save_every == 0 or self.step == c.steps:
+                path = self.save()
+                if path is not None:
+                    yield SavedEvent(self.step, str(path))
+        if self.rank == 0:
+            yield SavedEvent(self.step, str(self.export()))
