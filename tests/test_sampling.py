@@ -21,7 +21,7 @@ from dflash2_mlx.synthetic import drafter_config_dict, random_drafter, target_co
 from dflash2_mlx.target import Target
 
 ALPHA = 1e-3
-V, PROMPT, N_SAMPLES = 8, [1, 5, 2], 3000
+V, PROMPT, N_SAMPLES = 8, [1, 5, 2], 1500
 
 
 def tiny_target():
