@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Generator, Optional
 
 import mlx.core as mx
-from mlx_lm.models.cache import trim_prompt_cache
 
 from .drafter import Drafter
 from .profile import CycleProfiler
@@ -45,6 +44,22 @@ class DecodeCache:
     @property
     def offset(self) -> int:
         return self.target[0].offset if self.target else 0
+
+    def truncate(self, n_tokens: int) -> None:
+        """Forget committed tokens past the first `n_tokens` (an EOS or stop
+        string ended the answer inside a verified block, or the caller broke
+        off), keeping the at-rest invariant."""
+        if len(self.tokens) <= n_tokens:
+            return
+        del self.tokens[n_tokens:]
+        keep = max(n_tokens - 1, 0)
+        for caches in (self.target, self.drafter):
+            if caches:
+                excess = caches[0].offset - keep
+                if excess > 0:
+                    if not can_trim_prompt_cache(caches):
+                        raise ValueError("this cache cannot be rewound: start a new conversation")
+                    trim_prompt_cache(caches, excess)
 
 
 def _prefill(
@@ -181,8 +196,12 @@ def autoregressive_generate_step(
     transform = make_logprobs_transform(sampling)
     key = make_key(sampling.seed)
 
+    undo = None  # (snapshot, input) of the latest step, to undo the look-ahead
+
     def step(token: mx.array, key: mx.array) -> mx.array:
-        logits, _ = target(token.reshape(1, 1), cache.target, capture=False)
+        nonlocal undo
+        undo = (target.snapshot(cache.target), token.reshape(1, 1))
+        logits, _ = target(undo[1], cache.target, capture=False)
         return _first_token(logits[0, -1], sampling, transform, key)
 
     key, sub = mx.random.split(key)
@@ -204,7 +223,8 @@ def autoregressive_generate_step(
                 return
             y = next_y
     finally:
-        # The look-ahead may have run one token past what was committed.
+        # The look-ahead may have run one token past what was committed (the
+        # last step's input): undo it (recurrent layers cannot just trim).
         excess = cache.offset - (len(cache.tokens) - 1)
         if excess > 0:
-            trim_prompt_cache(cache.target, excess)
+            target.rollback(cache.target, *undo, keep=0)

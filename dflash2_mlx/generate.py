@@ -83,6 +83,7 @@ def stream_generate(
             ids, target, drafter, max_tokens=max_tokens, block_size=B, sampling=sampling,
             prefill_step_size=prefill_step_size, prompt_cache=prompt_cache, profiler=profiler,
         )
+    history = len(prompt_cache.tokens) if prompt_cache is not None else 0
     detok = IncrementalDetokenizer(tokenizer, ids)
     stopper = StopMatcher(stop)
     recorder = StatsRecorder(max(B, 1))
@@ -118,6 +119,9 @@ def stream_generate(
                 recorder.add(step, kept)
     finally:
         steps.close()
+        if prompt_cache is not None:
+            # Tokens verified past an EOS / stop string were never returned.
+            prompt_cache.truncate(history + len(ids) + n)
 
 
 def _next_text(token, n, max_tokens, eos, detok, stopper) -> tuple[str, Optional[str]]:
