@@ -8,6 +8,7 @@ from .errors import run_guarded
 from .generate import generate
 from .quantize import quantize
 from .train import train
+from .analyze import analyze
 
 app = typer.Typer(
     name="dflash2",
@@ -20,6 +21,7 @@ app = typer.Typer(
 app.command()(generate)
 app.command()(quantize)
 app.command()(train)
+app.command()(analyze)
 
 
 @app.callback()

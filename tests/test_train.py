@@ -158,3 +158,13 @@ def test_bad_input_is_one_clear_error(tmp_path, case):
         (ckpt / "optimizer.safetensors").write_bytes(data[: len(data) // 2])
         with pytest.raises(DFlashError, match="corrupt"):
             trainer(tmp_path / "o", steps=2).resume()
+
+
+@pytest.mark.parametrize("which,frozen", [("no-selector", "candidate_selector."), ("no-conv", "_conv.")])
+def test_ablation_runs_keep_their_part_at_identity(tmp_path, which, frozen):
+    t = trainer(tmp_path / "run", steps=3, save_every=3, trainable=which)
+    before = params(t.drafter)
+    run_until(t)
+    after = params(t.drafter)
+    changed = {k for k in before if not np.array_equal(before[k], after[k])}
+    assert changed and not any(frozen in k for k in changed), sorted(changed)[:5]

@@ -25,7 +25,8 @@ from ..errors import DFlashError
 from .data import BatchOrder
 from .export import atomic_write_folder, export_drafter
 from .loss import block_loss, recall_by_position, selector_loss
-from .packing import PackedContext, make_blocks, sample_anchors
+from .forward import packed_forward, target_features
+from .packing import make_blocks, sample_anchors
 
 
 @dataclass(frozen=True)
@@ -72,21 +73,40 @@ class SavedEvent:
 Event = Union[StepEvent, EvalEvent, SavedEvent]
 
 
+TRAINABLE = {
+    "all": "everything",
+    "dflash2": "the conv and the selector only (backbone frozen)",
+    "selector": "the selector only (e.g. upgrading a DFlash v1 drafter)",
+    "no-selector": "backbone + conv; the selector stays at identity (the 'DFlash + conv' ablation)",
+    "no-conv": "backbone + selector; the conv stays at identity (the 'DFlash + selector' ablation)",
+}
+
+
 def select_trainable(drafter, which: str) -> None:
     """Freeze everything the run should not train."""
-    if which == "all":
-        drafter.unfreeze()
-        return
-    if not drafter.is_dflash2:
+    if which not in TRAINABLE:
+        raise DFlashError(f"--train '{which}' is not one of {', '.join(TRAINABLE)}")
+    if which != "all" and not drafter.is_dflash2:
         raise DFlashError(f"--train {which} needs a DFlash 2 drafter (it trains the DFlash 2 parts)")
-    drafter.freeze()
-    drafter.candidate_selector.unfreeze()
-    if which == "dflash2":
-        for layer in drafter.layers:
-            layer.attention_conv.unfreeze()
-            layer.mlp_conv.unfreeze()
-    elif which != "selector":
-        raise DFlashError(f"--train '{which}' is not one of all, dflash2, selector")
+    drafter.unfreeze()
+    if which == "all":
+        return
+    convs = [conv for layer in drafter.layers for conv in (layer.attention_conv, layer.mlp_conv)]
+    if which in ("dflash2", "selector"):
+        drafter.freeze()
+        drafter.candidate_selector.unfreeze()
+        if which == "dflash2":
+            for conv in convs:
+                conv.unfreeze()
+    elif which == "no-selector":
+        drafter.candidate_selector.freeze()
+    else:
+        for conv in convs:
+            conv.freeze()
+
+
+def trains_selector(which: str) -> bool:
+    return which != "no-selector"
 
 
 class DrafterTrainer:
@@ -117,24 +137,15 @@ class DrafterTrainer:
         self._grad_fn = nn.value_and_grad(drafter, self._loss)
 
     # -- the model pass ---------------------------------------------------------
-    def _features(self, tokens: mx.array) -> mx.array:
-        _, feats = self.target(tokens, [None] * self.target.num_layers, capture=True, last_logits_only=True)
-        return mx.stop_gradient(feats)
-
     def _forward(self, drafter, feats, inputs, seq, anchors):
-        rows = drafter.project_context(feats.astype(drafter.activation_dtype))
-        h = self.target.embed(inputs).astype(drafter.activation_dtype)
-        ctx = PackedContext(rows, seq, anchors, inputs.shape[1])
-        for layer in drafter.layers:
-            h = layer(h, ctx)
-        hidden = drafter.norm(h)[:, 1:].astype(self.target.activation_dtype)
-        return hidden, self.target.lm_head(hidden)
+        return packed_forward(self.target, drafter, feats, inputs, seq, anchors)
 
     def _loss(self, drafter, feats, inputs, labels, seq, anchors):
         hidden, logits = self._forward(drafter, feats, inputs, seq, anchors)
         loss = block_loss(logits, labels)
         sel = mx.array(0.0)
-        if drafter.is_dflash2:
+        # A frozen selector must not pull the backbone through its loss.
+        if drafter.is_dflash2 and trains_selector(self.config.trainable):
             sel, _ = selector_loss(drafter, logits, hidden, inputs, labels)
         recall = mx.mean((mx.argmax(logits, axis=-1) == labels).astype(mx.float32))
         return loss + self.config.selector_loss_weight * sel, (loss, sel, recall)
@@ -145,7 +156,7 @@ class DrafterTrainer:
         seq, anchors = sample_anchors(keys, tokens.shape[1], B, self.config.blocks_per_seq)
         seq, anchors = mx.array(seq), mx.array(anchors)
         inputs, labels = make_blocks(tokens, seq, anchors, B, self.mask_id)
-        return self._features(tokens), inputs, labels, seq, anchors
+        return target_features(self.target, tokens), inputs, labels, seq, anchors
 
     # -- steps ----------------------------------------------------------------------
     def _global_rows(self, step: int) -> np.ndarray:

@@ -1,0 +1,64 @@
+"""`dflash2 analyze`: the seed's recall, τ and latency tables for our drafters."""
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from . import options as o
+from . import ui
+
+Variant = lambda flag, what: Annotated[Optional[str], typer.Option(flag, help=f"The {what} drafter.")]  # noqa: E731
+
+
+def analyze(
+    data: Annotated[list[Path], typer.Option("--data", help="Text/JSONL files or folders; the held-out split is used.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for analysis.json and analysis.md.")],
+    model: o.Model = "builtin",
+    dflash: Variant("--dflash", "DFlash baseline") = None,
+    selector: Variant("--selector", "DFlash + selector") = None,
+    conv: Variant("--conv", "DFlash + conv") = None,
+    dflash2: Variant("--dflash2", "DFlash 2") = None,
+    seq_len: Annotated[int, typer.Option("--seq-len")] = 256,
+    heldout_fraction: Annotated[float, typer.Option("--heldout-fraction")] = 0.05,
+    prompts: Annotated[int, typer.Option("--prompts", help="Held-out prompts to decode.")] = 16,
+    prompt_len: Annotated[int, typer.Option("--prompt-len")] = 64,
+    max_tokens: o.MaxTokens = 64,
+    block_size: o.BlockSize = None,
+    debug: o.Debug = False,
+):
+    """Recall by position, oracle τ, decoded τ at T=0/T=1, parameters and cycle latency per variant."""
+    import mlx.core as mx
+
+    from dflash2_mlx.analyze import analyze as run_analysis
+    from dflash2_mlx.analyze import markdown
+    from dflash2_mlx.errors import DFlashError
+    from dflash2_mlx.loading import load_drafter, load_target, resolve_builtin
+    from dflash2_mlx.train.data import pack_sequences, read_examples
+    from dflash2_mlx.train.setup import is_heldout
+
+    refs = {"dflash": dflash, "dflash+selector": selector, "dflash+conv": conv, "dflash2": dflash2}
+    refs = {k: v for k, v in refs.items() if v}
+    if not refs:
+        raise DFlashError("no drafters: pass at least one of --dflash, --selector, --conv, --dflash2")
+    target, tokenizer = load_target(resolve_builtin(model, "target"), activation_dtype=mx.float32)
+    drafters = {k: load_drafter(resolve_builtin(v, "drafter"), activation_dtype=mx.float32) for k, v in refs.items()}
+    from dflash2_mlx.compat import check_compatibility
+
+    for d in drafters.values():
+        target.layer_ids = d.config.resolve_layer_ids(target.num_layers)
+        check_compatibility(d, target)
+    held = [e for e in read_examples([str(p) for p in data]) if is_heldout(e.source, heldout_fraction)]
+    if not held:
+        raise DFlashError("no held-out examples in --data: give more files or raise --heldout-fraction")
+    heldout = pack_sequences(held, tokenizer, seq_len, tokenizer.eos_token_id)
+    result = run_analysis(target, drafters, heldout, prompt_len=prompt_len, n_prompts=prompts,
+                          max_tokens=max_tokens, block_size=block_size)
+    command = "dflash2 " + " ".join(sys.argv[1:])
+    result["command"] = command
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "analysis.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "analysis.md").write_text(markdown(result, command))
+    ui.status(f"wrote {out / 'analysis.json'} and {out / 'analysis.md'}")

@@ -1,0 +1,38 @@
+"""`analyze` on tiny trained drafters: the tables are consistent with their definitions."""
+
+import numpy as np
+
+from dflash2_mlx.analyze import analyze, markdown, teacher_forced
+from dflash2_mlx.train.trainer import TrainConfig
+from test_train import DATA, SMALL, run_until
+from dflash2_mlx.train.setup import prepare
+from helpers import target_folder
+
+
+def test_analysis_tables(tmp_path):
+    drafters = {}
+    for name, kind, which in [("dflash", "dflash", "all"), ("dflash+conv", "dflash2", "no-selector"),
+                              ("dflash2", "dflash2", "all")]:
+        cfg = TrainConfig(steps=6, batch_size=4, blocks_per_seq=4, lr=3e-3, eval_every=100, save_every=100,
+                          trainable=which)
+        t = prepare(str(target_folder("qwen3")), DATA, tmp_path / name, config=cfg, **{**SMALL, "kind": kind})
+        run_until(t)
+        drafters[name] = t.drafter
+    target, heldout = t.target, t.heldout[:4]
+    result = analyze(target, drafters, heldout, prompt_len=16, n_prompts=2, max_tokens=12, blocks_per_seq=4, cycles=2)
+    v = result["variants"]
+    for rec in v.values():
+        tf = rec["teacher_forced"]
+        assert all(0 <= x <= 1 for x in tf["recall1_by_position"] + tf["recallK_by_position"])
+        assert tf["recallK_by_position"][0] >= tf["recall1_by_position"][0]
+        assert tf["tau_oracle"] >= tf["tau_teacher_forced"] >= 1
+        assert rec["T0"]["greedy_identical_to_ar"] == "2/2"
+    conv_params = sum(p.size for layer in drafters["dflash2"].layers
+                      for conv in (layer.attention_conv, layer.mlp_conv)
+                      for p in (conv.base_kernel, conv.kernel_projection.weight))
+    assert v["dflash+conv"]["extra_parameters"] == conv_params
+    assert v["dflash2"]["extra_parameters"] > conv_params
+    assert "| dflash2 |" in markdown(result, "test")
+    # Recall@1 at position 0 is exactly the share of blocks whose first draft is right.
+    again = teacher_forced(target, drafters["dflash"], heldout, 4)
+    assert np.isclose(again["recall1_by_position"][0], v["dflash"]["teacher_forced"]["recall1_by_position"][0])
