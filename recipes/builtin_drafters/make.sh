@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The built-in drafters, end to end (rerunnable; every step resumes or skips
+# what is done):
+#   1. prompts from the stdlib corpus completed by the built-in target (2 shards
+#      in parallel, one per core);
+#   2. four drafters trained by `dflash2 train` with the same backbone, data and
+#      steps, each data-parallel over both cores (mlx.launch, ring backend):
+#      DFlash (baseline), DFlash 2, and the seed's two ablations;
+#   3. `dflash2 analyze` on the held-out completions -> docs/analysis/;
+#   4. the DFlash 2 and DFlash drafters installed into dflash2_mlx/builtin/.
+# Knobs: STEPS, LAYERS, BLOCK, BATCH, SEQ, PER_FILE (environment).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+RUN=${RUN:-runs/builtin_drafters}
+STEPS=${STEPS:-3000}; LAYERS=${LAYERS:-2}; BLOCK=${BLOCK:-16}; BATCH=${BATCH:-16}; SEQ=${SEQ:-256}
+PER_FILE=${PER_FILE:-4}
+mkdir -p "$RUN"
+
+if [ ! -f "$RUN/data/train-1.jsonl" ]; then
+  python recipes/builtin_drafters/make_data.py "$RUN/data" --shard 0 --shards 2 --per-file "$PER_FILE" &
+  python recipes/builtin_drafters/make_data.py "$RUN/data" --shard 1 --shards 2 --per-file "$PER_FILE"
+  wait
+fi
+
+train() {  # name, kind, trainable
+  mlx.launch -n 2 --backend ring "$(command -v dflash2)" train --model builtin \
+    --data "$RUN/data/train-0.jsonl" --data "$RUN/data/train-1.jsonl" --out "$RUN/$1" \
+    --kind "$2" --train "$3" --layers "$LAYERS" --block-size "$BLOCK" --batch-size "$BATCH" \
+    --seq-len "$SEQ" --steps "$STEPS" --eval-every 250 --save-every 100 --seed 0 2>&1 | tee -a "$RUN/$1.log"
+}
+train dflash dflash all
+train dflash2 dflash2 all
+train dflash-selector dflash2 no-conv
+train dflash-conv dflash2 no-selector
+
+dflash2 analyze --model builtin --data "$RUN/data/heldout-0.jsonl" --data "$RUN/data/heldout-1.jsonl" \
+  --heldout-fraction 1.0 --out docs/analysis \
+  --dflash "$RUN/dflash/drafter" --selector "$RUN/dflash-selector/drafter" \
+  --conv "$RUN/dflash-conv/drafter" --dflash2 "$RUN/dflash2/drafter"
+
+rm -rf dflash2_mlx/builtin/dflash2 dflash2_mlx/builtin/dflash
+cp -r "$RUN/dflash2/drafter" dflash2_mlx/builtin/dflash2
+cp -r "$RUN/dflash/drafter" dflash2_mlx/builtin/dflash
