@@ -19,6 +19,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from .benchmark import cycle_breakdown
+from .compat import unary_transform
 from .decode import autoregressive_generate_step, speculative_generate_step
 from .sampling import SamplingParams
 from .selector import top_k_candidates, transform_unary
@@ -70,7 +71,8 @@ def teacher_forced(target, drafter, sequences: np.ndarray, blocks_per_seq: int, 
         tally.add(np.array((cand[:, :1] == lab).reshape(NB, Bm1)), "1")
         tally.add(np.array(mx.any(cand == lab, axis=-1).reshape(NB, Bm1)), "K")
         if drafter.is_dflash2:
-            tally.add(np.array(_selector_pick(drafter, values, cand, hidden, inputs, labels) == lab[:, 0])
+            pick = _selector_pick(drafter, unary_transform(drafter, target), values, cand, hidden, inputs, labels)
+            tally.add(np.array(pick == lab[:, 0])
                       .reshape(NB, Bm1), "W")
     out = {
         "recall1_by_position": tally.rate(tally.hit1, tally.reach1),
@@ -85,10 +87,10 @@ def teacher_forced(target, drafter, sequences: np.ndarray, blocks_per_seq: int, 
     return out
 
 
-def _selector_pick(drafter, values, cand, hidden, inputs, labels) -> mx.array:
+def _selector_pick(drafter, unary_scale, values, cand, hidden, inputs, labels) -> mx.array:
     """The greedy walk's pick at each position given the true predecessor."""
-    c, sel = drafter.config, drafter.candidate_selector
-    unary = transform_unary(values, c.output_multiplier, c.final_logit_softcapping)
+    sel = drafter.candidate_selector
+    unary = transform_unary(values, *unary_scale)
     pred = mx.concatenate([inputs[:, :1], labels[:, :-1]], axis=1).reshape(-1)
     gate = sel.hidden_projection(hidden.reshape(unary.shape[0], -1)).astype(mx.float32)
     a = sel.predecessor_codebook(pred).astype(mx.float32) * gate

@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from typing import Generator, Optional
 
 import mlx.core as mx
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
+from .compat import unary_transform
 from .drafter import Drafter
 from .profile import CycleProfiler
 from .propose import propose
@@ -40,6 +42,8 @@ class DecodeCache:
     target: list
     drafter: Optional[list] = None
     tokens: list[int] = field(default_factory=list)
+    # True when the caches hold rows past `tokens` that could not be rewound.
+    stale: bool = False
 
     @property
     def offset(self) -> int:
@@ -58,7 +62,10 @@ class DecodeCache:
                 excess = caches[0].offset - keep
                 if excess > 0:
                     if not can_trim_prompt_cache(caches):
-                        raise ValueError("this cache cannot be rewound: start a new conversation")
+                        # Recurrent state cannot be rewound after the fact:
+                        # callers must re-prefill before continuing.
+                        self.stale = True
+                        return
                     trim_prompt_cache(caches, excess)
 
 
@@ -125,11 +132,14 @@ def speculative_generate_step(
     profiler = profiler or CycleProfiler()
     transform = make_logprobs_transform(sampling)
     key = make_key(sampling.seed)
+    unary = unary_transform(drafter, target)  # what the selector still applies to head logits
 
     key, sub = mx.random.split(key)
     first = _first_token(_prefill(prompt, target, drafter, cache, prefill_step_size), sampling, transform, sub)
     anchor = first.item()
-    cache.tokens.extend(prompt.tolist())
+    # A continuing call's prompt starts with the cache's last token (committed,
+    # not yet run): record it once.
+    cache.tokens.extend(prompt.tolist()[1 if cache.tokens else 0 :])
     pending = None  # features of committed rows not yet in the drafter cache
     try:
         cache.tokens.append(anchor)
@@ -144,7 +154,7 @@ def speculative_generate_step(
             block = mx.array([[anchor] + [mask_id] * (B - 1)], dtype=mx.int32)
             hidden, draft_logits = drafter.draft(block, pending, cache.drafter, target)
             profiler.lap("draft", draft_logits)
-            prop = propose(drafter, draft_logits, hidden, anchor, sampling, transform, k_draft)
+            prop = propose(drafter, draft_logits, hidden, anchor, sampling, transform, k_draft, unary)
             profiler.lap("select", prop.draft)
             verify_in = mx.concatenate([mx.array([anchor], dtype=mx.int32), prop.draft])[None]
             snapshot = target.snapshot(cache.target)
@@ -206,7 +216,9 @@ def autoregressive_generate_step(
 
     key, sub = mx.random.split(key)
     y = _first_token(_prefill(prompt, target, None, cache, prefill_step_size), sampling, transform, sub)
-    cache.tokens.extend(prompt.tolist())
+    # A continuing call's prompt starts with the cache's last token (committed,
+    # not yet run): record it once.
+    cache.tokens.extend(prompt.tolist()[1 if cache.tokens else 0 :])
     generated = 0
     try:
         while True:

@@ -83,7 +83,8 @@ def stream_generate(
             ids, target, drafter, max_tokens=max_tokens, block_size=B, sampling=sampling,
             prefill_step_size=prefill_step_size, prompt_cache=prompt_cache, profiler=profiler,
         )
-    history = len(prompt_cache.tokens) if prompt_cache is not None else 0
+    # Tokens before this call; the prompt's first token is the cache's last one.
+    history = max(len(prompt_cache.tokens) - 1, 0) if prompt_cache is not None else 0
     detok = IncrementalDetokenizer(tokenizer, ids)
     stopper = StopMatcher(stop)
     recorder = StatsRecorder(max(B, 1))

@@ -7,7 +7,7 @@ from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_map_with_path
 
 from .config import DrafterConfig
 from .drafter import Drafter
@@ -65,6 +65,16 @@ def read_safetensors(folder: Path, what: str) -> dict[str, mx.array]:
 # -- target --------------------------------------------------------------------
 
 
+def cast_floating(model, dtype) -> None:
+    """Cast float parameters to `dtype`, except those the model keeps in their
+    own precision (mlx-lm's `cast_predicate`, e.g. qwen3_5's A_log)."""
+    keep = getattr(model, "cast_predicate", None) or (lambda _: True)
+    model.update(tree_map_with_path(
+        lambda path, x: x.astype(dtype) if mx.issubdtype(x.dtype, mx.floating) and keep(path) else x,
+        model.parameters(),
+    ))
+
+
 def load_target(
     ref: str,
     layer_ids: Optional[list[int]] = None,
@@ -91,8 +101,7 @@ def load_target(
         model, config = load_model(folder)
     except ValueError as e:
         raise CheckpointError(f"target '{ref}' does not load: {str(e).splitlines()[0]}") from None
-    dtype = activation_dtype or default_activation_dtype()
-    model.set_dtype(dtype)
+    cast_floating(model, activation_dtype or default_activation_dtype())
     tokenizer = load_tokenizer(folder, tokenizer_config, eos_token_ids=config.get("eos_token_id"))
     return Target(model, layer_ids), tokenizer
 

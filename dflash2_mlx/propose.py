@@ -30,10 +30,15 @@ def propose(
     sampling: SamplingParams,
     transform: Callable[[mx.array], mx.array],
     key: mx.array,
+    unary: Optional[tuple[float, Optional[float]]] = None,
 ) -> Proposal:
-    """draft_logits [B-1, V] from the target head, hidden [B-1, H] final-normed."""
+    """draft_logits [B-1, V] from the target head, hidden [B-1, H] final-normed.
+
+    `unary` is the (output multiplier, softcap) still to apply to those logits
+    for the selector (`compat.unary_transform`); default: the drafter config's.
+    """
     if drafter.is_dflash2:
-        return _walk_selector(drafter, draft_logits, hidden, anchor, sampling, key)
+        return _walk_selector(drafter, draft_logits, hidden, anchor, sampling, key, unary)
     if sampling.greedy:
         return Proposal(greedy_token(draft_logits), None)
     logq = transform(draft_logits)
@@ -41,20 +46,21 @@ def propose(
     return Proposal(draft, mx.softmax(logq, axis=-1, precise=True))
 
 
-def selector_inputs(drafter: Drafter, draft_logits: mx.array, hidden: mx.array, anchor: int):
+def selector_inputs(drafter: Drafter, draft_logits: mx.array, hidden: mx.array, anchor: int, unary=None):
     """Unary scores, candidates, predecessor ids and gate for the lattices."""
     config = drafter.config
     K = config.selector_top_k
     values, cand = top_k_candidates(draft_logits, K)
-    unary = transform_unary(values, config.output_multiplier, config.final_logit_softcapping)
+    multiplier, softcap = unary or (config.output_multiplier, config.final_logit_softcapping)
+    unary = transform_unary(values, multiplier, softcap)
     anchor_row = mx.full((1, K), anchor, dtype=mx.int32)
     pred = mx.concatenate([anchor_row, cand[:-1]], axis=0)
     gate = drafter.candidate_selector.hidden_projection(hidden)
     return unary, cand, pred, gate
 
 
-def _walk_selector(drafter, draft_logits, hidden, anchor, sampling, key) -> Proposal:
-    unary, cand, pred, gate = selector_inputs(drafter, draft_logits, hidden, anchor)
+def _walk_selector(drafter, draft_logits, hidden, anchor, sampling, key, unary) -> Proposal:
+    unary, cand, pred, gate = selector_inputs(drafter, draft_logits, hidden, anchor, unary)
     pred_rows, cand_rows, A, Bk = drafter.candidate_selector.codebook_rows(pred, cand)
     uniforms = None
     if not sampling.greedy:

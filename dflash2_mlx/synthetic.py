@@ -31,6 +31,28 @@ TARGET_CONFIGS = {
         num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[], moe_intermediate_size=32,
         norm_topk_prob=True,
     ),
+    # Hybrid targets: Gated DeltaNet layers with an attention layer every second one.
+    "qwen3_5": dict(
+        head_dim=16, max_position_embeddings=2048, linear_num_value_heads=4, linear_num_key_heads=2,
+        linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2,
+    ),
+    "qwen3_5_moe": dict(
+        head_dim=16, max_position_embeddings=2048, linear_num_value_heads=4, linear_num_key_heads=2,
+        linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+    ),
+    "qwen3_next": dict(
+        head_dim=16, rope_theta=10000.0, partial_rotary_factor=0.25, max_position_embeddings=2048,
+        linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_conv_kernel_dim=4, full_attention_interval=2, num_experts=4, num_experts_per_tok=2,
+        decoder_sparse_step=1, mlp_only_layers=[], moe_intermediate_size=32, shared_expert_intermediate_size=32,
+    ),
+    # Sliding-window target: [local, local, local, global] layers, a tiny window. Pass
+    # tie_word_embeddings=False (as the real model): tied, the random model echoes its input.
+    "muse_glimmer": dict(
+        head_dim=16, rope_theta=10000.0, max_position_embeddings=2048, sliding_window=8,
+        output_multiplier=0.19611613513818404, final_logit_softcapping=20.0,
+    ),
 }
 
 

@@ -5,52 +5,26 @@ every row plus the residual stream at the output of `layer_ids` (HF
 `hidden_states[id + 1]`), concatenated. It does this by running each family's
 own layer loop (the same calls, in the same order, as the model's `__call__`),
 so no mlx-lm class is patched and the logits are bitwise those of `model(...)`.
+Per-family loops live in families.py; caches that cannot simply trim
+(sliding-window, recurrent) are replaced or snapshotted (caches.py,
+docs/rollback.md) so every verify forward can be undone exactly.
 """
 
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.base import create_attention_mask
-from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import (
+    ArraysCache, RotatingKVCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache,
+)
 
+from .caches import RecurrentCache, RecurrentSnapshot, WindowKVCache
 from .errors import UnsupportedModelError
+from .families import FAMILIES, Family  # noqa: F401  (Family: re-exported for callers)
 
-
-def _standard_layer_loop(inner: nn.Module, h: mx.array, cache: list, capture: set[int]):
-    """Qwen3, Qwen2, Llama, Mistral, Qwen3-MoE: one mask from cache[0], plain layers."""
-    mask = create_attention_mask(h, cache[0])
-    captured = {}
-    for i, (layer, c) in enumerate(zip(inner.layers, cache)):
-        h = layer(h, mask, c)
-        if i in capture:
-            captured[i] = h
-    return inner.norm(h), captured
-
-
-def _check_llama(model: nn.Module) -> None:
-    if "sliding_attention" in (model.args.layer_types or []):
-        raise UnsupportedModelError(
-            f"target model_type '{model.model_type}' with sliding-window layers is not "
-            "supported yet (its rotating cache cannot always roll back)"
-        )
-
-
-@dataclass(frozen=True)
-class Family:
-    layer_loop: Callable
-    check: Optional[Callable[[nn.Module], None]] = None
-
-
-# Attention-only families whose caches all trim exactly.
-FAMILIES: dict[str, Family] = {
-    "qwen3": Family(_standard_layer_loop),
-    "qwen2": Family(_standard_layer_loop),
-    "qwen3_moe": Family(_standard_layer_loop),
-    "llama": Family(_standard_layer_loop, _check_llama),
-    "mistral": Family(_standard_layer_loop, _check_llama),
-}
+# Rows a verify block may roll back by default: the largest released DFlash
+# block size (16). Sliding-window caches keep this many rows beyond the window.
+DEFAULT_MAX_BLOCK = 16
 
 
 def check_supported(model_type: str) -> None:
@@ -62,9 +36,14 @@ def check_supported(model_type: str) -> None:
 
 
 class Target:
-    """Wraps an mlx-lm `Model`; never changes its classes."""
+    """Wraps an mlx-lm `Model`; never changes its classes.
 
-    def __init__(self, model: nn.Module, layer_ids: Optional[list[int]] = None):
+    `max_block` is the longest verify block the caches must be able to undo
+    (sliding-window caches keep that many rows beyond their window).
+    """
+
+    def __init__(self, model: nn.Module, layer_ids: Optional[list[int]] = None,
+                 max_block: int = DEFAULT_MAX_BLOCK):
         model_type = getattr(model, "model_type", None) or model.args.model_type
         check_supported(model_type)
         family = FAMILIES[model_type]
@@ -75,29 +54,39 @@ class Target:
             raise UnsupportedModelError("pipeline-sharded targets are not supported")
         self.model = model
         self.model_type = model_type
+        self.max_block = max_block
+        # Multimodal wrappers (qwen3_5) keep the head and text config one level down.
+        self._text = getattr(model, "language_model", model)
         self._inner = inner
+        self._family = family
         self._layer_loop = family.layer_loop
+        self._recording: Optional[dict] = None
         self.layer_ids = list(layer_ids or [])
 
     # -- shapes ---------------------------------------------------------------
+    @property
+    def args(self):
+        """The text model's mlx-lm `ModelArgs`."""
+        return self._text.args
+
     @property
     def num_layers(self) -> int:
         return len(self._inner.layers)
 
     @property
     def hidden_size(self) -> int:
-        return self.model.args.hidden_size
+        return self.args.hidden_size
 
     @property
     def embedding_rows(self) -> int:
         """Rows of the embedding table (valid token and mask ids)."""
-        return self.model.args.vocab_size
+        return self.args.vocab_size
 
     @property
     def vocab_size(self) -> int:
         """Width of the logits."""
-        head = getattr(self.model, "lm_head", None)
-        if head is not None and not self.model.args.tie_word_embeddings:
+        head = getattr(self._text, "lm_head", None)
+        if head is not None and not self.args.tie_word_embeddings:
             return head.weight.shape[0]
         return self.embedding_rows
 
@@ -105,26 +94,96 @@ class Target:
     def activation_dtype(self) -> mx.Dtype:
         return self._inner.norm.weight.dtype
 
+    @property
+    def logit_transform(self) -> tuple[float, Optional[float]]:
+        """(output multiplier, softcap) that `lm_head` already applies; (1.0, None)
+        for families whose logits are the plain head projection."""
+        if self._family.logit_transform is None:
+            return 1.0, None
+        return self._family.logit_transform(self.args)
+
+    @property
+    def has_window_layers(self) -> bool:
+        """Whether some layers are sliding-window (rollback limited to `max_block`)."""
+        return any(isinstance(c, RotatingKVCache) for c in make_prompt_cache(self.model))
+
     # -- pieces the drafter borrows --------------------------------------------
     def embed(self, tokens: mx.array) -> mx.array:
+        """Exactly what the target feeds its first layer (Muse Glimmer norms it)."""
+        if self._family.embed is not None:
+            return self._family.embed(self._inner, tokens)
         return self._inner.embed_tokens(tokens)
 
     def lm_head(self, hidden: mx.array) -> mx.array:
-        if self.model.args.tie_word_embeddings:
-            return self._inner.embed_tokens.as_linear(hidden)
-        return self.model.lm_head(hidden)
+        """Final-normed hidden -> exactly the target's logits, including any
+        output multiplier and softcap the model applies after its head.
+
+        DFlash 2 note: a drafter config may declare `output_multiplier` and
+        `final_logit_softcapping` (the released Muse Glimmer drafter declares the
+        target's own 0.196 and 20). In the reference they are applied once, to
+        the raw head projection. Since these logits already include them, the
+        selector's unary must take the top-K of these logits unchanged: applying
+        the declared values again would square the multiplier and cap twice
+        (compat's `unary_transform` says what is left to apply).
+        """
+        if self.args.tie_word_embeddings:
+            out = self._inner.embed_tokens.as_linear(hidden)
+        else:
+            out = self._text.lm_head(hidden)
+        if self._family.logits is not None:
+            out = self._family.logits(self.args, out)
+        return out
 
     def make_cache(self) -> list:
-        return make_prompt_cache(self.model)
+        """The model's own cache, with layers that cannot roll back replaced:
+        sliding-window layers by `WindowKVCache`, recurrent ones by `RecurrentCache`."""
+        return [self._rollback_cache(c) for c in make_prompt_cache(self.model)]
+
+    def _rollback_cache(self, c):
+        if isinstance(c, RotatingKVCache):
+            if c.keep:
+                raise UnsupportedModelError(
+                    f"target '{self.model_type}' keeps {c.keep} attention-sink rows in its "
+                    "rotating cache; that cache cannot roll back and is not supported"
+                )
+            return WindowKVCache(c.max_size, self.max_block)
+        if type(c) is ArraysCache:
+            return RecurrentCache(len(c.cache))
+        return c
 
     # -- rollback -----------------------------------------------------------------
-    def snapshot(self, cache: list):
-        """State needed to undo the next forward (None: every cache trims exactly)."""
-        return None
+    def snapshot(self, cache: list) -> Optional[RecurrentSnapshot]:
+        """State needed to undo the next forward (None: every cache trims exactly).
 
-    def rollback(self, cache: list, snapshot, tokens: mx.array, keep: int) -> None:
+        For recurrent layers: their state arrays now, and (filled in by the next
+        forward) the rows that enter them, so `rollback` can re-run their mixers
+        over the accepted rows.
+        """
+        states = {i: (list(c.cache), getattr(c, "offset", 0))
+                  for i, c in enumerate(cache) if isinstance(c, ArraysCache)}
+        if not states:
+            return None
+        snapshot = RecurrentSnapshot(states)
+        self._recording = snapshot.inputs
+        return snapshot
+
+    def rollback(self, cache: list, snapshot: Optional[RecurrentSnapshot], tokens: mx.array, keep: int) -> None:
         """Undo the last forward over `tokens` [1, L] except its first `keep` rows."""
-        trim_prompt_cache(cache, tokens.shape[1] - keep)
+        n = tokens.shape[1] - keep
+        if snapshot is None:
+            if not can_trim_prompt_cache(cache):
+                raise ValueError("this target cache cannot roll back: make it with Target.make_cache()")
+            trim_prompt_cache(cache, n)
+            return
+        for i, c in enumerate(cache):
+            if i not in snapshot.states:
+                c.trim(n)
+            elif n > 0:
+                arrays, offset = snapshot.states[i]
+                c.cache = list(arrays)
+                c.offset = offset
+                if keep > 0:
+                    self._family.replay(self._inner.layers[i], snapshot.inputs[i][:, :keep], c)
 
     # -- forward ------------------------------------------------------------------
     def __call__(
@@ -137,7 +196,8 @@ class Target:
         """
         h = self.embed(tokens)
         wanted = set(self.layer_ids) if capture else set()
-        h, captured = self._layer_loop(self._inner, h, cache, wanted)
+        record, self._recording = self._recording, None
+        h, captured = self._layer_loop(self._inner, h, cache, wanted, record)
         if last_logits_only:
             h = h[:, -1:]
         logits = self.lm_head(h)

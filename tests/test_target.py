@@ -46,17 +46,23 @@ def test_last_logits_only():
     assert np.array_equal(np.array(all_rows[:, -1:]), np.array(last))
 
 
-@pytest.mark.parametrize("model_type", ["gemma3_text", "qwen3_5", "mamba", "gpt2"])
+@pytest.mark.parametrize("model_type", ["gemma3_text", "jamba", "mamba", "gpt2"])
 def test_other_families_refused_by_name(model_type):
     with pytest.raises(UnsupportedModelError, match=model_type):
         check_supported(model_type)
 
 
-def test_sliding_window_llama_refused():
+def test_sliding_window_llama_gets_rollback_caches():
+    """Sliding layers (refused before rollback-safe caches existed) get a
+    `WindowKVCache` with room for one block; full layers keep `KVCache`."""
     from mlx_lm.models import llama
+    from mlx_lm.models.cache import KVCache
+
+    from dflash2_mlx.caches import WindowKVCache
 
     args = llama.ModelArgs(model_type="llama", hidden_size=32, num_hidden_layers=2, intermediate_size=64,
                            num_attention_heads=2, rms_norm_eps=1e-6, vocab_size=50,
                            layer_types=["sliding_attention", "full_attention"], sliding_window=8)
-    with pytest.raises(UnsupportedModelError, match="sliding"):
-        Target(llama.Model(args))
+    sliding, full = Target(llama.Model(args), max_block=4).make_cache()
+    assert isinstance(sliding, WindowKVCache) and sliding.capacity == 12
+    assert type(full) is KVCache

@@ -26,7 +26,7 @@ def block_loss(logits: mx.array, labels: mx.array) -> mx.array:
     return mx.sum(ce * w) / (ce.shape[0] * mx.sum(w))
 
 
-def selector_loss(drafter, logits, hidden, block_inputs, labels):
+def selector_loss(drafter, logits, hidden, block_inputs, labels, unary_scale=None):
     """CE of the selector scores over the drafter's own top-K, with the *true*
     previous token as predecessor; positions whose label is not in the top-K
     contribute nothing. Averaged over all positions (not only the scored ones)
@@ -39,7 +39,8 @@ def selector_loss(drafter, logits, hidden, block_inputs, labels):
     flat = logits.reshape(NB * Bm1, V)
     _, cand = top_k_candidates(mx.stop_gradient(flat), K)
     unary = mx.take_along_axis(flat.astype(mx.float32), cand, axis=-1)
-    unary = transform_unary(unary, config.output_multiplier, config.final_logit_softcapping)
+    multiplier, softcap = unary_scale or (config.output_multiplier, config.final_logit_softcapping)
+    unary = transform_unary(unary, multiplier, softcap)
     pred = mx.concatenate([block_inputs[:, :1], labels[:, :-1]], axis=1).reshape(-1)
     sel = drafter.candidate_selector
     gate = sel.hidden_projection(hidden.reshape(NB * Bm1, -1)).astype(mx.float32)

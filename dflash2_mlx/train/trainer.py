@@ -21,6 +21,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
+from ..compat import unary_transform
 from ..errors import DFlashError
 from .data import BatchOrder
 from .export import atomic_write_folder, export_drafter
@@ -146,7 +147,7 @@ class DrafterTrainer:
         sel = mx.array(0.0)
         # A frozen selector must not pull the backbone through its loss.
         if drafter.is_dflash2 and trains_selector(self.config.trainable):
-            sel, _ = selector_loss(drafter, logits, hidden, inputs, labels)
+            sel, _ = selector_loss(drafter, logits, hidden, inputs, labels, unary_transform(drafter, self.target))
         recall = mx.mean((mx.argmax(logits, axis=-1) == labels).astype(mx.float32))
         return loss + self.config.selector_loss_weight * sel, (loss, sel, recall)
 
