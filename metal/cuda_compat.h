@@ -4,15 +4,8 @@
 // qualifiers, a few thread attributes, one device-memory barrier and
 // metal::exp, so a handful of defines cover it. CUDA passes every input as a
 // plain pointer, which is why scalars travel as one-element arrays.
-#pragma once
 
 typedef unsigned int uint;
-
-// Metal address spaces have no CUDA spelling for kernel arguments.
-#define device
-#define constant
-#define thread
-#define threadgroup __shared__
 
 // Metal's attributes, rebuilt from CUDA's builtins.
 __device__ inline uint3 dflash2_thread_position_in_grid() {
@@ -36,3 +29,10 @@ __device__ inline float exp(float x) {
   return expf(x);
 }
 } // namespace metal
+
+// Metal address spaces have no CUDA spelling for kernel arguments. Defined
+// last: CUDA's own `__device__` expands through the word `device`.
+#define device
+#define constant
+#define thread
+#define threadgroup __shared__

@@ -24,6 +24,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>  // for the driver after the kernels (here so the PCH has it)
+#include <vector>
 
 typedef unsigned int uint;
 

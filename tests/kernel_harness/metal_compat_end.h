@@ -4,5 +4,3 @@
 #undef constant
 #undef thread
 #undef threadgroup
-#include <thread>
-#include <vector>
