@@ -47,7 +47,7 @@ def generate(
         import warnings
 
         warnings.warn("--block-size and --draft-quant do nothing with --ar (no drafter is used)")
-    template_kwargs = _parse_template_config(chat_template_config)
+    template_kwargs = parse_template_config(chat_template_config)
     text = read_prompt(prompt)
     if not text.strip():
         raise DFlashError("the prompt is empty: give some text (or '-' to read stdin)")
@@ -84,7 +84,7 @@ def generate(
         ui.print_closing(last.stats)
 
 
-def _parse_template_config(raw):
+def parse_template_config(raw):
     if not raw:
         return {}
     try:

@@ -4,6 +4,10 @@ import sys
 
 import typer
 
+from .bench import bench
+from .chat import chat
+from .compare import compare
+from .doctor import doctor
 from .errors import run_guarded
 from .generate import generate
 from .quantize import quantize
@@ -21,6 +25,10 @@ app = typer.Typer(
 app.command()(generate)
 app.command()(quantize)
 app.command()(train)
+app.command()(chat)
+app.command()(compare)
+app.command()(bench)
+app.command()(doctor)
 app.command()(analyze)
 
 

@@ -1,5 +1,6 @@
 """Option definitions shared by every command (mlx-lm's names, with aliases)."""
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -39,3 +40,41 @@ ChatTemplateConfig = Annotated[
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")]
 AR = Annotated[bool, typer.Option("--ar", help="Plain autoregressive decoding (the baseline).")]
 Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")]
+
+# -- chat, compare, bench, doctor --------------------------------------------------------
+Color = Annotated[bool, typer.Option("--color/--no-color", help="Colour the tokens the drafter proposed and the target accepted.")]
+Repeats = Annotated[int, typer.Option("--repeats", "-r", help="Measured runs per arm/configuration (medians; the order alternates).")]
+NoLive = Annotated[bool, typer.Option("--no-live", help="No live replay: print the results only (automatic when stdout is not a terminal).")]
+Save = Annotated[Optional[Path], typer.Option("--save", help="Also write the full JSON record to this file.")]
+ReplaySpeed = Annotated[float, typer.Option("--replay-speed", help="Replay at this multiple of the recorded speed.")]
+BenchDrafter = Annotated[
+    Optional[str],
+    typer.Option("--drafter", "--draft-model",
+                 help="DFlash 2 (or DFlash) drafter to benchmark: Hub repo id, local folder or 'builtin'."),
+]
+DFlashDrafter = Annotated[
+    Optional[str], typer.Option("--dflash-drafter", help="A second drafter, usually DFlash (v1), to benchmark alongside."),
+]
+ArDraftModel = Annotated[
+    Optional[str],
+    typer.Option("--ar-draft-model",
+                 help="An autoregressive draft model (an ordinary small LM with the target's tokenizer): adds "
+                      "mlx-lm's own speculative decoding to the benchmark. DFlash drafters go in --drafter."),
+]
+BlockSizes = Annotated[
+    Optional[str], typer.Option("--block-sizes", help="Block sizes to sweep, e.g. 2,4,8,16 (default: 4,8,16 up to the drafter's)."),
+]
+Suite = Annotated[str, typer.Option("--suite", help="Built-in prompt suites, comma-separated: code, chat, maths.")]
+PromptsFile = Annotated[
+    Optional[Path], typer.Option("--prompts", help="Prompts file instead of the suites: one per line, or JSONL with \"prompt\" (and \"suite\")."),
+]
+MaxPrompts = Annotated[int, typer.Option("--max-prompts", help="Use at most this many prompts per suite (0 = all).")]
+JsonFile = Annotated[Optional[Path], typer.Option("--json", help="Write the full JSON record to this file ('-' for stdout).")]
+MarkdownFile = Annotated[Optional[Path], typer.Option("--markdown", help="Write the results as markdown tables to this file.")]
+Context = Annotated[int, typer.Option("--context", help="Context length (prompt + answer tokens) to size the KV caches for.")]
+MinAcceptance = Annotated[
+    float,
+    typer.Option("--min-acceptance",
+                 help="Refuse the pair when fewer than this fraction of first drafted tokens are accepted in the self-test."),
+]
+SelfTest = Annotated[bool, typer.Option("--self-test/--no-self-test", help="Run the short greedy acceptance self-test.")]

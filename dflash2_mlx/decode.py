@@ -153,6 +153,7 @@ def speculative_generate_step(
             key, k_draft, k_accept = mx.random.split(key, 3)
             block = mx.array([[anchor] + [mask_id] * (B - 1)], dtype=mx.int32)
             hidden, draft_logits = drafter.draft(block, pending, cache.drafter, target)
+            pending = None  # now in the drafter cache: never append it twice
             profiler.lap("draft", draft_logits)
             prop = propose(drafter, draft_logits, hidden, anchor, sampling, transform, k_draft, unary)
             profiler.lap("select", prop.draft)

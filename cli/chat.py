@@ -1,0 +1,218 @@
+"""`dflash2 chat`: a terminal chat that keeps the conversation in the caches."""
+
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from dflash2_mlx.errors import DFlashError
+
+from . import options as o
+from . import ui
+
+
+def chat(
+    model: o.Model = "builtin",
+    drafter: o.Drafter = "builtin",
+    max_tokens: o.MaxTokens = 512,
+    temp: o.Temp = 0.0,
+    top_p: o.TopP = 1.0,
+    top_k: o.TopK = 0,
+    min_p: o.MinP = 0.0,
+    seed: o.Seed = None,
+    block_size: o.BlockSize = None,
+    draft_quant: o.DraftQuant = None,
+    system_prompt: o.SystemPrompt = None,
+    ignore_chat_template: o.IgnoreChatTemplate = False,
+    chat_template_config: o.ChatTemplateConfig = None,
+    ar: o.AR = False,
+    color: o.Color = True,
+    debug: o.Debug = False,
+):
+    """Chat with a model in the terminal; DFlash 2 speculative decoding unless --ar.
+
+    Each turn prefills only its new tokens: the conversation stays in the target's
+    and drafter's caches. Type /help for commands; Ctrl-C stops an answer.
+    """
+    from dflash2_mlx.sampling import SamplingParams
+
+    from .generate import parse_template_config
+
+    sampling = SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
+    if max_tokens < 1:
+        raise DFlashError(f"--max-tokens {max_tokens} must be at least 1")
+    if block_size is not None and block_size < 2:
+        raise DFlashError(f"--block-size {block_size} is too small: a block holds the anchor and at least one draft (use 2 or more)")
+    template_kwargs = parse_template_config(chat_template_config)
+
+    from dflash2_mlx.chat import ChatSession
+    from dflash2_mlx.loading import backend_name, load_pair
+
+    ui.progress_note("loading models…")
+    target, tokenizer, draft = load_pair(model, None if ar else drafter, draft_quant)
+    session = ChatSession(
+        target, tokenizer, draft, system_prompt=system_prompt, use_chat_template=not ignore_chat_template,
+        template_kwargs=template_kwargs, max_tokens=max_tokens, sampling=sampling,
+        block_size=block_size if draft is not None else None,
+    )
+    view = ui.ChatView(color=color)
+    rows = [("model", model)]
+    if draft is not None:
+        rows.append(("drafter", f"{drafter} ({ui.MODE_LABEL[draft.config.kind]}, block "
+                                f"{block_size or draft.config.block_size})"))
+    else:
+        rows.append(("decoding", "plain autoregressive (--ar)"))
+    rows += [("max tokens", f"{max_tokens:,}"), ("temperature", f"{temp:g}"), ("backend", backend_name())]
+    if system_prompt:
+        rows.append(("system", system_prompt if len(system_prompt) <= 60 else system_prompt[:57] + "..."))
+    if not session.use_chat_template:
+        rows.append(("template", "none (raw text)"))
+    view.header(rows)
+    try:
+        import readline  # noqa: F401  (line editing and history for input())
+    except ImportError:  # not on every platform
+        pass
+    chat_loop(session, input, view)
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str  # help, reset, system, set, stats, color, quit, unknown; "" for a message
+    arg: str = ""
+
+
+_ALIASES = {
+    "/help": "help", "/?": "help", "/reset": "reset", "/clear": "reset", "/system": "system",
+    "/set": "set", "/stats": "stats", "/color": "color", "/colour": "color",
+    "/quit": "quit", "/exit": "quit", "/bye": "quit",
+}
+
+
+def parse_command(line: str) -> Command:
+    """A line of input as a command, or a message (`name` "")."""
+    text = line.strip()
+    if text == "q":
+        return Command("quit")
+    if not text.startswith("/"):
+        return Command("", line)
+    word, _, rest = text.partition(" ")
+    return Command(_ALIASES.get(word.lower(), "unknown"), rest.strip() if word.lower() in _ALIASES else word)
+
+
+def read_message(read_line: Callable[[str], str], view) -> str:
+    """One message; a line starting with \"\"\" continues until a line ending with \"\"\"."""
+    line = read_line(view.prompt())
+    if not line.lstrip().startswith('"""'):
+        return line
+    text = line.lstrip()[3:]
+    lines = []
+    while True:
+        if text.rstrip().endswith('"""'):
+            lines.append(text.rstrip()[:-3])
+            return "\n".join(lines)
+        lines.append(text)
+        text = read_line(view.prompt(continuation=True))
+
+
+class _StopOnInterrupt:
+    """While an answer streams, Ctrl-C asks it to stop at the next token (so the
+    caches stay at a token boundary); a second Ctrl-C interrupts at once."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def chat_loop(session, read_line: Callable[[str], str], view, on_token: Optional[Callable] = None) -> None:
+    """The read-answer loop. `read_line(prompt)` returns a line, raising EOFError
+    at the end of input and KeyboardInterrupt on Ctrl-C. `on_token(response)`,
+    if given, is called after each streamed token (tests raise from it)."""
+    interrupted_at_prompt = False
+    while True:
+        try:
+            line = read_message(read_line, view)
+        except EOFError:
+            view.notice("bye")
+            return
+        except KeyboardInterrupt:
+            view.console.print()
+            if interrupted_at_prompt:
+                view.notice("bye")
+                return
+            interrupted_at_prompt = True
+            view.notice("(Ctrl-C again, /quit or Ctrl-D to leave)")
+            continue
+        interrupted_at_prompt = False
+        command = parse_command(line)
+        try:
+            if command.name == "quit":
+                view.notice("bye")
+                return
+            if command.name == "":
+                if line.strip():
+                    _answer(session, line, view, on_token)
+            else:
+                _run_command(session, command, view)
+        except DFlashError as e:
+            view.error(str(e))
+
+
+def _answer(session, text: str, view, on_token) -> None:
+    with _StopOnInterrupt() as stop:
+
+        def show(r):
+            view.token(r.text, r.from_draft)
+            if on_token is not None:
+                on_token(r)
+            if stop.requested:
+                raise KeyboardInterrupt
+
+        result = session.ask(text, on_token=show)
+    view.end_answer(result)
+
+
+def _run_command(session, command: Command, view) -> None:
+    name, arg = command.name, command.arg
+    if name == "help":
+        view.show(ui.chat_help())
+    elif name == "reset":
+        session.reset()
+        view.notice("conversation cleared")
+    elif name == "system":
+        if not arg:
+            view.notice(f"system prompt: {session.system_prompt!r}" if session.system_prompt else "no system prompt")
+            return
+        session.set_system_prompt(arg)
+        view.notice("system prompt set (the next turn re-reads the conversation with it)")
+    elif name == "set":
+        if not arg:
+            s = session.sampling
+            B = session.block_size or (session.drafter.config.block_size if session.drafter else None)
+            view.notice(f"temp {s.temperature:g} · top_p {s.top_p:g} · top_k {s.top_k} · min_p {s.min_p:g} · "
+                        f"max_tokens {session.max_tokens} · block_size {B if B else '- (plain decoding)'}")
+            return
+        key, _, value = arg.partition(" ")
+        if not value.strip():
+            raise DFlashError(f"/set {key} needs a value, e.g. /set temp 0.7")
+        view.notice(session.set(key, value.strip()))
+    elif name == "stats":
+        view.show(ui.turn_stats(session.last))
+    elif name == "color":
+        view.color = not view.color
+        view.notice(f"drafted tokens {'coloured' if view.color else 'not coloured'}")
+    else:
+        view.error(f"unknown command {arg} (try /help)")

@@ -1,0 +1,100 @@
+"""`dflash2 compare`: plain decoding and DFlash 2 on the same prompt, honestly."""
+
+import json
+import sys
+
+from dflash2_mlx.errors import DFlashError
+
+from . import options as o
+from . import ui
+
+
+def compare(
+    model: o.Model = "builtin",
+    drafter: o.Drafter = "builtin",
+    prompt: o.Prompt = None,
+    max_tokens: o.MaxTokens = 128,
+    temp: o.Temp = 0.0,
+    top_p: o.TopP = 1.0,
+    top_k: o.TopK = 0,
+    min_p: o.MinP = 0.0,
+    seed: o.Seed = 0,
+    block_size: o.BlockSize = None,
+    draft_quant: o.DraftQuant = None,
+    system_prompt: o.SystemPrompt = None,
+    ignore_chat_template: o.IgnoreChatTemplate = False,
+    chat_template_config: o.ChatTemplateConfig = None,
+    repeats: o.Repeats = 2,
+    json_output: o.Json = False,
+    save: o.Save = None,
+    no_live: o.NoLive = False,
+    replay_speed: o.ReplaySpeed = 1.0,
+    debug: o.Debug = False,
+):
+    """Race plain autoregressive decoding against DFlash / DFlash 2, fairly.
+
+    Both arms get the same prompt token ids, seed and settings and are warmed up;
+    they run one after the other (never at the same time), alternating order over
+    --repeats. The panes then replay both runs on one timeline at their recorded
+    speeds. Ends with decode and end-to-end speeds, speedup, τ, acceptance by
+    position, target passes, peak memory and a parity verdict. Without --prompt,
+    a built-in code prompt is used.
+    """
+    from dflash2_mlx.sampling import SamplingParams
+
+    from .generate import parse_template_config, read_prompt
+
+    sampling = SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
+    if max_tokens < 1:
+        raise DFlashError(f"--max-tokens {max_tokens} must be at least 1")
+    if repeats < 1:
+        raise DFlashError(f"--repeats {repeats} must be at least 1")
+    if replay_speed <= 0:
+        raise DFlashError(f"--replay-speed {replay_speed} must be positive")
+    if block_size is not None and block_size < 2:
+        raise DFlashError(f"--block-size {block_size} is too small: a block holds the anchor and at least one draft (use 2 or more)")
+    template_kwargs = parse_template_config(chat_template_config)
+    if prompt is None:
+        from dflash2_mlx.suites import SUITES
+
+        text = SUITES["code"][0]
+    else:
+        text = read_prompt(prompt)
+    if not text.strip():
+        raise DFlashError("the prompt is empty: give some text (or '-' to read stdin)")
+
+    from dflash2_mlx.compare import compare as run_compare
+    from dflash2_mlx.loading import load_pair
+    from dflash2_mlx.prompt import build_prompt
+
+    target, tokenizer, draft = load_pair(model, drafter, draft_quant)
+    if block_size is not None and block_size > draft.config.block_size:
+        raise DFlashError(f"--block-size {block_size} exceeds this drafter's block_size {draft.config.block_size}")
+    ids = build_prompt(tokenizer, text, system_prompt, not ignore_chat_template, template_kwargs)
+    quiet = json_output
+
+    def on_arm(phase, arm, repeat):
+        if not quiet:
+            name = "autoregressive" if arm == "ar" else ui.MODE_LABEL[draft.config.kind]
+            what = "warming up" if phase == "warmup" else f"measuring (repeat {repeat + 1}/{repeats})"
+            ui.status(f"{what}: {name}")
+
+    result = run_compare(target, tokenizer, draft, ids, max_tokens=max_tokens, sampling=sampling,
+                         block_size=block_size, repeats=repeats, on_arm=on_arm)
+    record = result.to_dict()
+    record["prompt"] = text
+    if save is not None:
+        try:
+            save.write_text(json.dumps(record, indent=2) + "\n")
+        except OSError as e:
+            raise DFlashError(f"cannot write '{save}' ({e.strerror})") from None
+    if json_output:
+        sys.stdout.write(json.dumps(record) + "\n")
+        return
+    if not no_live and ui.console.is_terminal:
+        ui.replay(result, speed=replay_speed)
+    else:  # the end of the replay, drawn once
+        ui.console.print(ui.final_panes(result))
+    ui.console.print(ui.compare_table(result))
+    if save is not None:
+        ui.status(f"saved the full record to {save}")

@@ -1,0 +1,61 @@
+"""`dflash2 doctor`: check the install, the memory, the pair and its acceptance."""
+
+import json
+import sys
+
+from dflash2_mlx.errors import DFlashError
+
+from . import options as o
+from . import ui
+
+
+def doctor(
+    model: o.Model = "builtin",
+    drafter: o.Drafter = "builtin",
+    draft_quant: o.DraftQuant = None,
+    block_size: o.BlockSize = None,
+    context: o.Context = 8192,
+    min_acceptance: o.MinAcceptance = 0.2,
+    self_test: o.SelfTest = True,
+    max_tokens: o.MaxTokens = 48,
+    json_output: o.Json = False,
+    debug: o.Debug = False,
+):
+    """Check MLX and its kernels, estimate memory before loading (target and drafter
+    weights, KV caches for --context tokens), flag quantization pitfalls, run every
+    target/drafter compatibility check, and a short greedy acceptance self-test.
+
+    Exits non-zero, saying why, when anything fails, including a pair whose
+    first drafted token is accepted less often than --min-acceptance.
+    """
+    from dflash2_mlx.doctor import problems, run_doctor
+    from dflash2_mlx.quantize import DraftQuant
+
+    if draft_quant:
+        DraftQuant.parse(draft_quant)  # a bad spelling is a flag error, before any output
+
+    if context < 1:
+        raise DFlashError(f"--context {context} must be at least 1")
+    if not 0 <= min_acceptance <= 1:
+        raise DFlashError(f"--min-acceptance {min_acceptance} must be between 0 and 1")
+    if max_tokens < 2:
+        raise DFlashError(f"--max-tokens {max_tokens} must be at least 2 for the self-test")
+    if block_size is not None and block_size < 2:
+        raise DFlashError(f"--block-size {block_size} is too small: a block holds the anchor and at least one draft (use 2 or more)")
+    sections = []
+    for section in run_doctor(model, drafter, draft_quant=draft_quant, block_size=block_size, context=context,
+                              min_acceptance=min_acceptance, run_self_test=self_test, max_tokens=max_tokens):
+        sections.append(section)
+        if not json_output:
+            ui.console.print(ui.doctor_section(section))
+            ui.console.print()
+    found = problems(sections)
+    if json_output:
+        record = {"kind": "dflash2-doctor", "ok": not found, "problems": found,
+                  "sections": [s.to_dict() for s in sections]}
+        sys.stdout.write(json.dumps(record) + "\n")
+    else:
+        ui.console.print(ui.doctor_summary(found))
+    if found:
+        more = f" (and {len(found) - 1} more above)" if len(found) > 1 else ""
+        raise DFlashError(f"doctor refuses this setup: {found[0]}{more}")
