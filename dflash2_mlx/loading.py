@@ -66,9 +66,12 @@ def read_safetensors(folder: Path, what: str) -> dict[str, mx.array]:
 
 
 def cast_floating(model, dtype) -> None:
-    """Cast float parameters to `dtype`, except those the model keeps in their
-    own precision (mlx-lm's `cast_predicate`, e.g. qwen3_5's A_log)."""
-    keep = getattr(model, "cast_predicate", None) or (lambda _: True)
+    """Cast float parameters to `dtype`. Downcasts skip what the model keeps in
+    its own precision (mlx-lm's `cast_predicate`, e.g. qwen3_5's A_log);
+    upcasting to fp32 loses nothing, so it covers every float parameter."""
+    keep = getattr(model, "cast_predicate", None)
+    if keep is None or dtype == mx.float32:
+        keep = lambda _: True  # noqa: E731
     model.update(tree_map_with_path(
         lambda path, x: x.astype(dtype) if mx.issubdtype(x.dtype, mx.floating) and keep(path) else x,
         model.parameters(),
