@@ -14,6 +14,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask
 
+from .errors import UnsupportedModelError
+
 
 def _standard_layer_loop(inner: nn.Module, h: mx.array, cache: list, capture: set[int], record=None):
     """Qwen3, Qwen2, Qwen3-MoE: one mask from cache[0], plain layers."""
@@ -105,6 +107,55 @@ def _muse_glimmer_transform(args) -> tuple[float, Optional[float]]:
     return args.output_multiplier, args.final_logit_softcapping
 
 
+def _gemma3_layer_loop(inner: nn.Module, h: mx.array, cache: list, capture: set[int], record=None):
+    """`Gemma3Model.__call__` (gemma3_text): the global mask from the first global
+    layer's cache (index `sliding_window_pattern - 1`), the window mask from
+    cache[0] when there are sliding layers; layer i is global when
+    i % pattern == pattern - 1."""
+    pattern = inner.sliding_window_pattern
+    global_mask = create_attention_mask(h, cache[pattern - 1])
+    sliding_window_mask = None
+    if pattern > 1:
+        sliding_window_mask = create_attention_mask(h, cache[0], window_size=inner.window_size)
+    captured = {}
+    for i, (layer, c) in enumerate(zip(inner.layers, cache)):
+        is_global = i % pattern == pattern - 1
+        h = layer(h, global_mask if is_global else sliding_window_mask, c)
+        if i in capture:
+            captured[i] = h
+    return inner.norm(h), captured
+
+
+def _gemma3_embed(inner: nn.Module, tokens: mx.array) -> mx.array:
+    # The embedding scale exactly as the model's __call__ applies it: sqrt(hidden)
+    # rounded to bfloat16 first, then cast to the activation dtype (so for hidden
+    # 1152 it is 34.0, not 33.941...). The drafter's block rows must be exactly
+    # what the first target layer sees.
+    h = inner.embed_tokens(tokens)
+    return h * mx.array(inner.args.hidden_size**0.5, mx.bfloat16).astype(h.dtype)
+
+
+def _gemma3_check(model: nn.Module) -> None:
+    args = getattr(model, "language_model", model).args
+    # mlx-lm's gemma3_text applies no logit softcap (Gemma 3 has none); a version
+    # whose args carry one runs a head this family does not copy.
+    if getattr(args, "final_logit_softcapping", None) is not None:
+        raise UnsupportedModelError(
+            "gemma3_text target with final_logit_softcapping: this mlx-lm Gemma 3 head "
+            "is not the one the adapter follows"
+        )
+    if args.sliding_window_pattern < 1 or args.num_hidden_layers < args.sliding_window_pattern:
+        raise UnsupportedModelError(
+            f"gemma3_text target with sliding_window_pattern {args.sliding_window_pattern} and "
+            f"{args.num_hidden_layers} layers has no global layer to take its mask from"
+        )
+
+
+def _gemma3_transform(args) -> tuple[float, Optional[float]]:
+    # The head is the plain projection (tied or `lm_head`): no multiplier, no softcap.
+    return 1.0, None
+
+
 @dataclass(frozen=True)
 class Family:
     """How to run one mlx-lm model family as a DFlash target.
@@ -139,5 +190,8 @@ FAMILIES: dict[str, Family] = {
     "muse_glimmer": Family(
         _muse_glimmer_layer_loop, embed=_muse_glimmer_embed, logits=_muse_glimmer_logits,
         logit_transform=_muse_glimmer_transform,
+    ),
+    "gemma3_text": Family(
+        _gemma3_layer_loop, check=_gemma3_check, embed=_gemma3_embed, logit_transform=_gemma3_transform,
     ),
 }

@@ -53,6 +53,13 @@ TARGET_CONFIGS = {
         head_dim=16, rope_theta=10000.0, max_position_embeddings=2048, sliding_window=8,
         output_multiplier=0.19611613513818404, final_logit_softcapping=20.0,
     ),
+    # Gemma 3 text: [local, local, global] repeating, a tiny window, the embedding
+    # scaled by sqrt(hidden_size). Tied (as the real checkpoints) means no lm_head
+    # tensor: mlx-lm decides tying from the weights.
+    "gemma3_text": dict(
+        head_dim=16, rope_theta=10000.0, rope_local_base_freq=10000.0, query_pre_attn_scalar=16,
+        max_position_embeddings=2048, sliding_window=8, sliding_window_pattern=3,
+    ),
 }
 
 
@@ -93,7 +100,11 @@ def write_target(folder, model_type: str = "qwen3", seed: int = 0, quantize_bits
     model.set_dtype(dtype)
     if quantize_bits:
         model, config = quantize_model(model, config, group_size=32, bits=quantize_bits)
-    _save(folder, dict(tree_flatten(model.parameters())), config)
+    weights = dict(tree_flatten(model.parameters()))
+    if config["tie_word_embeddings"]:
+        # Models that build a head anyway (gemma3_text) tie when the file has none.
+        weights = {k: v for k, v in weights.items() if not k.startswith("lm_head.")}
+    _save(folder, weights, config)
     write_tokenizer(folder, config["vocab_size"] - 2, tokenizer_text)
     return folder
 

@@ -86,9 +86,17 @@ class Target:
     def vocab_size(self) -> int:
         """Width of the logits."""
         head = getattr(self._text, "lm_head", None)
-        if head is not None and not self.args.tie_word_embeddings:
+        if head is not None and not self.tied_embeddings:
             return head.weight.shape[0]
         return self.embedding_rows
+
+    @property
+    def tied_embeddings(self) -> bool:
+        """Whether the head is the embedding table. gemma3_text decides this on the
+        model (its `sanitize` sets `tie_word_embeddings` from the weights; its args
+        have no such field), the other families in their args."""
+        tied = getattr(self._text, "tie_word_embeddings", None)
+        return tied if isinstance(tied, bool) else self.args.tie_word_embeddings
 
     @property
     def activation_dtype(self) -> mx.Dtype:
@@ -109,7 +117,8 @@ class Target:
 
     # -- pieces the drafter borrows --------------------------------------------
     def embed(self, tokens: mx.array) -> mx.array:
-        """Exactly what the target feeds its first layer (Muse Glimmer norms it)."""
+        """Exactly what the target feeds its first layer (Muse Glimmer norms it,
+        Gemma 3 scales it by sqrt(hidden_size) rounded to bfloat16)."""
         if self._family.embed is not None:
             return self._family.embed(self._inner, tokens)
         return self._inner.embed_tokens(tokens)
@@ -126,7 +135,7 @@ class Target:
         the declared values again would square the multiplier and cap twice
         (compat's `unary_transform` says what is left to apply).
         """
-        if self.args.tie_word_embeddings:
+        if self.tied_embeddings:
             out = self._inner.embed_tokens.as_linear(hidden)
         else:
             out = self._text.lm_head(hidden)

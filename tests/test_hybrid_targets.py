@@ -327,7 +327,7 @@ def test_window_cache_extra_bytes_match_the_formula():
 # -- what is still refused ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model_type", ["gemma3_text", "jamba", "mamba", "falcon_h1", "gpt2"])
+@pytest.mark.parametrize("model_type", ["gemma2", "jamba", "mamba", "falcon_h1", "gpt2"])
 def test_other_families_refused_by_name(model_type):
     with pytest.raises(UnsupportedModelError, match=model_type):
         check_supported(model_type)
