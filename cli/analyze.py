@@ -7,20 +7,25 @@ from typing import Annotated, Optional
 
 import typer
 
+from dflash2_mlx.files import atomic_write_text
+
 from . import options as o
 from . import ui
 
-Variant = lambda flag, what: Annotated[Optional[str], typer.Option(flag, help=f"The {what} drafter.")]  # noqa: E731
+DFlashRef = Annotated[Optional[str], typer.Option("--dflash", help="The DFlash baseline drafter.")]
+SelectorRef = Annotated[Optional[str], typer.Option("--selector", help="The DFlash + selector drafter.")]
+ConvRef = Annotated[Optional[str], typer.Option("--conv", help="The DFlash + conv drafter.")]
+DFlash2Ref = Annotated[Optional[str], typer.Option("--dflash2", help="The DFlash 2 drafter.")]
 
 
 def analyze(
     data: Annotated[list[Path], typer.Option("--data", help="Text/JSONL files or folders; the held-out split is used.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for analysis.json and analysis.md.")],
     model: o.Model = "builtin",
-    dflash: Variant("--dflash", "DFlash baseline") = None,
-    selector: Variant("--selector", "DFlash + selector") = None,
-    conv: Variant("--conv", "DFlash + conv") = None,
-    dflash2: Variant("--dflash2", "DFlash 2") = None,
+    dflash: DFlashRef = None,
+    selector: SelectorRef = None,
+    conv: ConvRef = None,
+    dflash2: DFlash2Ref = None,
     seq_len: Annotated[int, typer.Option("--seq-len")] = 256,
     heldout_fraction: Annotated[float, typer.Option("--heldout-fraction")] = 0.05,
     prompts: Annotated[int, typer.Option("--prompts", help="Held-out prompts to decode.")] = 16,
@@ -58,7 +63,6 @@ def analyze(
                           max_tokens=max_tokens, block_size=block_size)
     command = "dflash2 " + " ".join(sys.argv[1:])
     result["command"] = command
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "analysis.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "analysis.md").write_text(markdown(result, command))
+    atomic_write_text(out / "analysis.json", json.dumps(result, indent=2) + "\n")
+    atomic_write_text(out / "analysis.md", markdown(result, command))
     ui.status(f"wrote {out / 'analysis.json'} and {out / 'analysis.md'}")

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 from dflash2_mlx.errors import DFlashError
+from dflash2_mlx.files import atomic_write_text
 
 from . import options as o
 from . import ui
@@ -138,6 +139,6 @@ def _write(path: Path, text: str) -> None:
         sys.stdout.write(text)
         return
     try:
-        Path(path).write_text(text)
+        atomic_write_text(path, text)
     except OSError as e:
         raise DFlashError(f"cannot write '{path}' ({e.strerror})") from None

@@ -4,6 +4,7 @@ import json
 import sys
 
 from dflash2_mlx.errors import DFlashError
+from dflash2_mlx.files import atomic_write_text
 
 from . import options as o
 from . import ui
@@ -85,7 +86,7 @@ def compare(
     record["prompt"] = text
     if save is not None:
         try:
-            save.write_text(json.dumps(record, indent=2) + "\n")
+            atomic_write_text(save, json.dumps(record, indent=2) + "\n")
         except OSError as e:
             raise DFlashError(f"cannot write '{save}' ({e.strerror})") from None
     if json_output:

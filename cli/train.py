@@ -9,6 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from dflash2_mlx.train.trainer import TRAINABLE
+
 from . import options as o
 from . import ui
 
@@ -18,7 +20,8 @@ def train(
     out: Annotated[Path, typer.Option("--out", "-o", help="Run folder: checkpoints/ and the final drafter/.")],
     model: o.Model = "builtin",
     kind: Annotated[str, typer.Option("--kind", help="dflash2 or dflash.")] = "dflash2",
-    trainable: Annotated[str, typer.Option("--train", help="all, dflash2 (conv + selector) or selector.")] = "all",
+    trainable: Annotated[str, typer.Option("--train", help="What trains: " + "; ".join(
+        f"{k} = {v}" for k, v in TRAINABLE.items()) + ".")] = "all",
     init_from: Annotated[Optional[str], typer.Option("--init-from", help="Start from this drafter (e.g. a DFlash v1 one to upgrade).")] = None,
     layers: Annotated[int, typer.Option("--layers", help="Drafter layers (new drafters).")] = 1,
     block_size: Annotated[int, typer.Option("--block-size", help="Block size (new drafters).")] = 16,

@@ -9,6 +9,7 @@ import sys
 
 from rich.console import Console
 
+from dflash2_mlx.bench import MODE_NAMES as MODE_LABEL
 from dflash2_mlx.stats import GenerationStats
 
 err_console = Console(stderr=True, highlight=False)
@@ -101,7 +102,6 @@ def eval_line(event) -> str:
 DRAFT_STYLE = "cyan"  # tokens drafted by the drafter and accepted by the target
 MUTED = "grey50"
 STATUS_MARK = {"ok": ("✓", "green"), "info": ("·", MUTED), "warn": ("!", "yellow"), "fail": ("✗", "bold red")}
-MODE_LABEL = {"ar": "autoregressive", "dflash": "DFlash", "dflash2": "DFlash 2", "mlx-lm-spec": "mlx-lm speculative"}
 
 console = Console(highlight=False)
 

@@ -63,7 +63,8 @@ def teacher_forced(target, drafter, sequences: np.ndarray, blocks_per_seq: int, 
         seq, anchors = sample_anchors([[seed, int(r)] for r in rows], tokens.shape[1], B, blocks_per_seq)
         seq, anchors = mx.array(seq), mx.array(anchors)
         inputs, labels = make_blocks(tokens, seq, anchors, B, drafter.config.mask_token_id)
-        hidden, logits = packed_forward(target, drafter, target_features(target, tokens), inputs, seq, anchors)
+        feats = target_features(target, tokens, drafter.config.resolve_layer_ids(target.num_layers))
+        hidden, logits = packed_forward(target, drafter, feats, inputs, seq, anchors)
         NB, Bm1, V = logits.shape
         flat = logits.reshape(NB * Bm1, V)
         values, cand = top_k_candidates(flat, K)

@@ -156,7 +156,13 @@ def run_bench(
             else:
                 skipped.append(f"{MODE_NAMES[d.config.kind]} block {B}: above this drafter's block_size {d.config.block_size}")
     if draft_model is not None:
-        configs += [("mlx-lm-spec", B, draft_model) for B in block_sizes]
+        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+        # mlx-lm's speculative decoding needs caches it can trim at any length.
+        if can_trim_prompt_cache(make_prompt_cache(target.model)) and not target.has_window_layers:
+            configs += [("mlx-lm-spec", B, draft_model) for B in block_sizes]
+        else:
+            skipped.append(f"mlx-lm speculative: target '{target.model_type}' has caches mlx-lm cannot roll back")
 
     def run(mode, B, model, ids, n):
         if mode == "mlx-lm-spec":

@@ -14,6 +14,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from .compat import unary_transform
 from .drafter import Drafter
+from .errors import DFlashError
 from .profile import CycleProfiler
 from .propose import propose
 from .sampling import SamplingParams, greedy_token, make_key, make_logprobs_transform
@@ -61,12 +62,17 @@ class DecodeCache:
             if caches:
                 excess = caches[0].offset - keep
                 if excess > 0:
+                    # Recurrent state cannot be rewound after the fact, and a
+                    # window cache only by about one block: callers must
+                    # re-prefill before continuing.
                     if not can_trim_prompt_cache(caches):
-                        # Recurrent state cannot be rewound after the fact:
-                        # callers must re-prefill before continuing.
                         self.stale = True
                         return
-                    trim_prompt_cache(caches, excess)
+                    try:
+                        trim_prompt_cache(caches, excess)
+                    except ValueError:
+                        self.stale = True
+                        return
 
 
 def _prefill(
@@ -78,16 +84,29 @@ def _prefill(
 ) -> mx.array:
     """Run the prompt through the target (and its features into the drafter
     cache) chunk by chunk; return the last row's logits [V]."""
-    capture = drafter is not None
+    capture = drafter.config.resolve_layer_ids(target.num_layers) if drafter is not None else False
     logits = None
     for start in range(0, prompt.size, prefill_step_size):
         chunk = prompt[start : start + prefill_step_size][None]
         logits, features = target(chunk, cache.target, capture=capture, last_logits_only=True)
-        if capture:
+        if drafter is not None:
             drafter.append_context(features, cache.drafter)
             mx.eval([c.state for c in cache.drafter])
         mx.eval([c.state for c in cache.target])
     return logits[0, -1]
+
+
+def _check_continuation(cache: DecodeCache, prompt: mx.array) -> None:
+    if cache.stale:
+        raise DFlashError(
+            "this prompt cache could not be rewound after the last answer (recurrent state): "
+            "make a new one and prefill the conversation again"
+        )
+    if cache.tokens and prompt[0].item() != cache.tokens[-1]:
+        raise DFlashError(
+            "a continuing prompt must start with the cache's last committed token "
+            f"({cache.tokens[-1]}), then the new tokens"
+        )
 
 
 def _first_token(logits: mx.array, sampling: SamplingParams, transform, key) -> mx.array:
@@ -120,7 +139,8 @@ def speculative_generate_step(
 
     `block_size` (default: the checkpoint's) counts the anchor, so each cycle
     drafts `block_size - 1` tokens. `prompt_cache`, when given, already holds
-    earlier context and `prompt` holds only tokens not yet in it.
+    earlier context; `prompt` then starts with the cache's last committed token
+    (committed, never run) followed by the new tokens.
     """
     config = drafter.config
     B_max = block_size or config.block_size
@@ -133,6 +153,9 @@ def speculative_generate_step(
     transform = make_logprobs_transform(sampling)
     key = make_key(sampling.seed)
     unary = unary_transform(drafter, target)  # what the selector still applies to head logits
+    layer_ids = config.resolve_layer_ids(target.num_layers)
+    if prompt_cache is not None:
+        _check_continuation(prompt_cache, prompt)
 
     key, sub = mx.random.split(key)
     first = _first_token(_prefill(prompt, target, drafter, cache, prefill_step_size), sampling, transform, sub)
@@ -159,7 +182,7 @@ def speculative_generate_step(
             profiler.lap("select", prop.draft)
             verify_in = mx.concatenate([mx.array([anchor], dtype=mx.int32), prop.draft])[None]
             snapshot = target.snapshot(cache.target)
-            logits, features = target(verify_in, cache.target)
+            logits, features = target(verify_in, cache.target, capture=layer_ids)
             profiler.lap("verify", logits, features)
             if sampling.greedy:
                 a, bonus = accept_greedy(prop.draft, logits[0])
@@ -203,6 +226,8 @@ def autoregressive_generate_step(
     does), so the device never idles while the caller handles a token.
     """
     prompt = _check_prompt(prompt)
+    if prompt_cache is not None:
+        _check_continuation(prompt_cache, prompt)
     cache = prompt_cache or DecodeCache(target.make_cache())
     transform = make_logprobs_transform(sampling)
     key = make_key(sampling.seed)

@@ -63,6 +63,48 @@ class DrafterAttention(nn.Module):
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(N, B, -1))
 
 
+class ContextWindowCache:
+    """Context cache of a sliding drafter layer: only the last `size` rows
+    (window − 1) are attended, so memory stays bounded; `room` extra rows let
+    a multi-turn caller rewind up to one block exactly. Rows carry RoPE at
+    their absolute positions, so `offset` counts every row ever added, and
+    attention over context rows does not depend on their order."""
+
+    def __init__(self, size: int, room: int = 16):
+        self.size, self.room = size, room
+        self.keys = self.values = None
+        self.offset = 0
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        self.offset += keys.shape[2]
+        if self.keys is not None:
+            keys = mx.concatenate([self.keys, keys], axis=2)
+            values = mx.concatenate([self.values, values], axis=2)
+        keep = self.size + self.room
+        self.keys, self.values = keys[:, :, -keep:], values[:, :, -keep:]
+        return self.keys_and_values()
+
+    def keys_and_values(self):
+        return self.keys[:, :, -self.size :], self.values[:, :, -self.size :]
+
+    @property
+    def state(self):
+        return self.keys, self.values
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        n = min(n, self.offset)
+        stored = 0 if self.keys is None else self.keys.shape[2]
+        if stored - n < min(self.size, self.offset - n):
+            raise ValueError(f"cannot rewind {n} rows: only {self.room} rows beyond the window are kept")
+        self.offset -= n
+        if n:
+            self.keys, self.values = self.keys[:, :, : stored - n], self.values[:, :, : stored - n]
+        return n
+
+
 class CachedContext:
     """Inference context for one layer: new committed rows enter the layer's
     cache, and the block sits right after everything cached."""
@@ -153,8 +195,13 @@ class Drafter(nn.Module):
         # Norms are never quantized, so their dtype is the activation dtype.
         return self.norm.weight.dtype
 
-    def make_cache(self) -> list[KVCache]:
-        return [KVCache() for _ in self.layers]
+    def make_cache(self) -> list:
+        """One context cache per layer; sliding layers keep only their window."""
+        return [
+            ContextWindowCache(layer.self_attn.sliding_window - 1)
+            if layer.self_attn.sliding_window is not None else KVCache()
+            for layer in self.layers
+        ]
 
     def project_context(self, features: mx.array) -> mx.array:
         """Concatenated target features [N, P, n·Ht] -> context rows [N, P, H]."""

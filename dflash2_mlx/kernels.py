@@ -25,10 +25,6 @@ def set_kernels_enabled(enabled: bool) -> None:
     _enabled = enabled
 
 
-def kernels_enabled() -> bool:
-    return _enabled
-
-
 def active(name: str) -> Optional[Callable]:
     """The fused kernel for `name`, or None when the twin should run."""
     if not _enabled or name not in _builders:

@@ -73,8 +73,3 @@ def make_key(seed: Optional[int]) -> mx.array:
     if seed is None:
         seed = int(mx.random.randint(0, 2**31 - 1, ()).item())
     return mx.random.key(seed)
-
-
-def split_key(key: mx.array, num: int) -> list[mx.array]:
-    keys = mx.random.split(key, num)
-    return [keys[i] for i in range(num)]

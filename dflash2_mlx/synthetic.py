@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Optional
 
 import mlx.core as mx
-import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
 
 from .config import DFLASH2_ARCH, DFLASH_ARCH, DrafterConfig

@@ -196,15 +196,20 @@ class Target:
 
     # -- forward ------------------------------------------------------------------
     def __call__(
-        self, tokens: mx.array, cache: list, capture: bool = True, last_logits_only: bool = False
+        self, tokens: mx.array, cache: list, capture=True, last_logits_only: bool = False
     ) -> tuple[mx.array, Optional[mx.array]]:
         """Run `tokens` [1, L] through the target, appending to `cache`.
 
-        Returns logits [1, L, V] (or [1, 1, V] with `last_logits_only`) and the
-        concatenated features [1, L, len(layer_ids)·Ht] when `capture`.
+        `capture` is a list of layer ids to tap, True for `self.layer_ids`, or
+        False. Returns logits [1, L, V] (or [1, 1, V] with `last_logits_only`)
+        and the concatenated features [1, L, len(ids)·Ht] when capturing.
         """
+        ids = list(self.layer_ids) if capture is True else list(capture or [])
+        if capture is not False and not ids:
+            raise ValueError("no layer ids to capture: pass capture=[ids] or set Target.layer_ids")
+        capture = bool(ids)
         h = self.embed(tokens)
-        wanted = set(self.layer_ids) if capture else set()
+        wanted = set(ids)
         record, self._recording = self._recording, None
         h, captured = self._layer_loop(self._inner, h, cache, wanted, record)
         if last_logits_only:
@@ -212,5 +217,5 @@ class Target:
         logits = self.lm_head(h)
         features = None
         if capture:
-            features = mx.concatenate([captured[i] for i in self.layer_ids], axis=-1)
+            features = mx.concatenate([captured[i] for i in ids], axis=-1)
         return logits, features

@@ -36,3 +36,24 @@ def test_analysis_tables(tmp_path):
     # Recall@1 at position 0 is exactly the share of blocks whose first draft is right.
     again = teacher_forced(target, drafters["dflash"], heldout, 4)
     assert np.isclose(again["recall1_by_position"][0], v["dflash"]["teacher_forced"]["recall1_by_position"][0])
+
+
+def test_analyze_command_writes_both_files(tmp_path):
+    import json
+
+    import pytest
+
+    from dflash2_mlx.cli.main import main
+
+    cfg = TrainConfig(steps=2, batch_size=4, blocks_per_seq=4, lr=3e-3, eval_every=100, save_every=100)
+    t = prepare(str(target_folder("qwen3")), DATA, tmp_path / "d2", config=cfg, **SMALL)
+    run_until(t)
+    out = tmp_path / "report"
+    argv = ["analyze", "--model", str(target_folder("qwen3")), "--data", DATA[0], "--heldout-fraction", "0.5",
+            "--dflash2", str(tmp_path / "d2" / "drafter"), "--out", str(out), "--prompts", "1",
+            "--max-tokens", "8", "--seq-len", "64", "--prompt-len", "16"]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 0
+    assert "dflash2" in json.loads((out / "analysis.json").read_text())["variants"]
+    assert "| dflash2 |" in (out / "analysis.md").read_text()

@@ -103,3 +103,23 @@ def test_sliding_window_layers_see_last_window_minus_one_rows():
     assert np.array_equal(np.array(full), np.array(drafter(block, noisy, drafter.make_cache())))
     changed = mx.concatenate([feats[:, :13], feats[:, 13:] + 5.0], axis=1)
     assert not np.allclose(np.array(full), np.array(drafter(block, changed, drafter.make_cache())))
+
+
+def test_sliding_layer_cache_is_bounded_and_exact():
+    """Sliding drafter layers keep window − 1 rows (+ one block of room): same
+    output as an unbounded cache, bounded memory, exact rewind within the room."""
+    from mlx_lm.models.cache import KVCache
+
+    cfg = drafter_config_dict(target_config(), "dflash2", sliding=True)  # window 8
+    drafter = random_drafter(cfg, seed=5)
+    block, feats = _inputs(P=40)
+    bounded, unbounded = drafter.make_cache(), [KVCache() for _ in drafter.layers]
+    for start in range(0, 40, 7):
+        drafter.append_context(feats[:, start : start + 7], bounded)
+        drafter.append_context(feats[:, start : start + 7], unbounded)
+    a, b = drafter(block, None, bounded), drafter(block, None, unbounded)
+    assert np.array_equal(np.array(a), np.array(b))
+    assert bounded[0].keys.shape[2] <= 7 + 16 and bounded[0].offset == 40
+    for c in bounded + unbounded:
+        c.trim(3)
+    assert np.array_equal(np.array(drafter(block, None, bounded)), np.array(drafter(block, None, unbounded)))

@@ -7,7 +7,6 @@ ALPHA (cells with expected count < 5 pooled). Seeds are fixed, so the test is
 deterministic; a deliberately wrong acceptance rule must fail the same test.
 """
 
-import itertools
 
 import mlx.core as mx
 import numpy as np

@@ -3,7 +3,6 @@ exactly, trains only what is asked, exports a loadable released checkpoint,
 and refuses bad input with one clear error."""
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -168,3 +167,15 @@ def test_ablation_runs_keep_their_part_at_identity(tmp_path, which, frozen):
     after = params(t.drafter)
     changed = {k for k in before if not np.array_equal(before[k], after[k])}
     assert changed and not any(frozen in k for k in changed), sorted(changed)[:5]
+
+
+def test_init_from_keeps_the_source_config(tmp_path):
+    """A DFlash 2 drafter with sliding layers and rank 32 trains and exports as itself."""
+    src = drafter_folder("qwen3", "dflash2", sliding=True)
+    t = trainer(tmp_path / "run", steps=2, save_every=2, init_from=str(src))
+    run_until(t)
+    exported = json.loads((tmp_path / "run" / "drafter" / "config.json").read_text())
+    original = json.loads((src / "config.json").read_text())
+    assert exported["layer_types"] == original["layer_types"] and exported["sliding_window"] == 8
+    assert exported["dflash_config"]["selector_rank"] == original["dflash_config"]["selector_rank"]
+    load_pair(str(target_folder("qwen3")), str(tmp_path / "run" / "drafter"))

@@ -16,7 +16,7 @@ from ..errors import DFlashError
 def new_drafter_config(target, kind: str, num_layers: int, block_size: int, mask_token_id: int,
                        selector_rank: int = 256, selector_top_k: int = 16) -> dict:
     """A config.json for a fresh drafter shaped like `target` (z-lab layout, nested)."""
-    args = target.model.args
+    args = target.args
     H = target.hidden_size
     heads = args.num_attention_heads
     head_dim = getattr(args, "head_dim", None) or H // heads
@@ -46,6 +46,20 @@ def new_drafter_config(target, kind: str, num_layers: int, block_size: int, mask
         config["dflash_config"].update(
             conv_group_size=16, conv_kernel_size=2, selector_rank=selector_rank, selector_top_k=selector_top_k
         )
+    return config
+
+
+def upgraded_config(source: dict, selector_rank: int = 256, selector_top_k: int = 16) -> dict:
+    """A DFlash v1 config.json as DFlash 2: the same backbone, every original key
+    kept, the DFlash 2 keys added with the conv and selector at their defaults."""
+    config = json.loads(json.dumps(source))
+    config["architectures"] = [DFLASH2_ARCH]
+    config["is_causal"] = False
+    nested = config.setdefault("dflash_config", {})
+    if "block_size" in config and "block_size" not in nested:
+        nested["block_size"] = config["block_size"]
+    nested.update(conv_group_size=16, conv_kernel_size=2, selector_rank=selector_rank,
+                  selector_top_k=selector_top_k)
     return config
 
 

@@ -55,17 +55,21 @@ def selector_loss(drafter, logits, hidden, block_inputs, labels, unary_scale=Non
 
 
 def recall_by_position(logits: mx.array, labels: mx.array, K: int) -> tuple[mx.array, mx.array, mx.array]:
-    """Conditional Recall@1 and Recall@K per position (spec §5).
+    """Conditional Recall@1 and Recall@K per position (spec §5), as counts.
 
-    Position t counts only blocks whose earlier positions were all right at
-    top-1. Returns (hits@1 [B-1], hits@K [B-1], reached [B-1]) as counts.
+    Recall@1 at t counts blocks whose earlier positions were all right at
+    top-1; Recall@K at t those whose earlier true tokens were all in the top-K
+    (the oracle walk's condition; the same definition as `analyze`).
+    Returns (hits@1, reached@1, hits@K, reached@K), each [B-1].
     """
     NB, Bm1, V = logits.shape
-    top1 = mx.argmax(logits, axis=-1) == labels
     _, cand = top_k_candidates(logits.reshape(NB * Bm1, V), K)
-    inK = mx.any(cand.reshape(NB, Bm1, K) == labels[..., None], axis=-1)
-    prefix_ok = mx.concatenate(
-        [mx.ones((NB, 1), dtype=mx.int32), mx.cumprod(top1.astype(mx.int32), axis=1)[:, :-1]], axis=1
-    )
-    reached = mx.sum(prefix_ok, axis=0)
-    return (mx.sum(prefix_ok * top1, axis=0), mx.sum(prefix_ok * inK, axis=0), reached)
+    cand = cand.reshape(NB, Bm1, K)
+    top1 = (cand[..., 0] == labels).astype(mx.int32)
+    inK = mx.any(cand == labels[..., None], axis=-1).astype(mx.int32)
+
+    def conditional(hits):
+        before = mx.concatenate([mx.ones((NB, 1), dtype=mx.int32), mx.cumprod(hits, axis=1)[:, :-1]], axis=1)
+        return mx.sum(before * hits, axis=0), mx.sum(before, axis=0)
+
+    return (*conditional(top1), *conditional(inK))

@@ -5,14 +5,13 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import mlx.core as mx
-import numpy as np
 
 from ..config import DrafterConfig
 from ..drafter import Drafter
 from ..errors import DFlashError
 from ..loading import load_drafter, load_target, resolve_builtin
 from .data import pack_sequences, read_examples, regenerate
-from .export import new_drafter_config
+from .export import new_drafter_config, upgraded_config
 from .trainer import DrafterTrainer, TrainConfig
 
 
@@ -35,8 +34,17 @@ def is_heldout(name: str, fraction: float) -> bool:
 def upgrade_to_dflash2(source: Drafter, config: dict) -> Drafter:
     """A DFlash 2 drafter holding `source`'s backbone, conv and selector at identity."""
     drafter = Drafter(DrafterConfig.from_dict(config), fc_in_features=source.fc.weight.shape[1])
-    drafter.update(source.parameters())
+    drafter.update(source.parameters())  # same backbone config: the shapes match by construction
+    init_selector(drafter, seed=0)
     return drafter
+
+
+def init_selector(drafter: Drafter, seed: int) -> None:
+    """Spec §2.2: A ~ N(0, 0.02) and B = 0, so the first scores are the drafter's logits."""
+    sel = drafter.candidate_selector
+    sel.predecessor_codebook.weight = 0.02 * mx.random.normal(sel.predecessor_codebook.weight.shape,
+                                                              key=mx.random.key(seed))
+    sel.successor_codebook.weight = mx.zeros_like(sel.successor_codebook.weight)
 
 
 def prepare(
@@ -74,26 +82,31 @@ def prepare(
     examples = read_examples(data)
     target, tokenizer = load_target(resolve_builtin(target_ref, "target"), activation_dtype=mx.float32)
     if init_from:
-        source = load_drafter(resolve_builtin(init_from, "drafter"), activation_dtype=mx.float32)
-        dcfg = new_drafter_config(target, kind, source.config.num_hidden_layers, source.config.block_size,
-                                  source.config.mask_token_id, selector_rank)
-        dcfg["dflash_config"]["target_layer_ids"] = source.config.resolve_layer_ids(target.num_layers)
         from ..compat import check_compatibility
+        from ..hub import resolve
+        from ..loading import read_config
 
-        target.layer_ids = dcfg["dflash_config"]["target_layer_ids"]
-        check_compatibility(source, target)
-        drafter = upgrade_to_dflash2(source, dcfg) if kind == "dflash2" and not source.is_dflash2 else source
+        ref = resolve_builtin(init_from, "drafter")
+        source = load_drafter(ref, activation_dtype=mx.float32)
         if kind == "dflash" and source.is_dflash2:
             raise DFlashError("--init-from gives a DFlash 2 drafter but --kind is dflash")
+        target.layer_ids = source.config.resolve_layer_ids(target.num_layers)
+        check_compatibility(source, target)
+        # The run keeps the source's own config (sliding layers, rank, transforms...).
+        dcfg = read_config(resolve(ref, "drafter"), "drafter")
+        dcfg.pop("quantization", None), dcfg.pop("quantization_config", None)
+        dcfg.setdefault("dflash_config", {})["target_layer_ids"] = target.layer_ids
+        drafter = source
+        if kind == "dflash2" and not source.is_dflash2:
+            dcfg = upgraded_config(dcfg, selector_rank)
+            drafter = upgrade_to_dflash2(source, dcfg)
     else:
         mask = find_mask_token(target, tokenizer) if mask_token_id is None else mask_token_id
         dcfg = new_drafter_config(target, kind, num_layers, block_size, mask, selector_rank)
         mx.random.seed(config.seed)  # the initial weights are part of the run's identity
         drafter = Drafter(DrafterConfig.from_dict(dcfg), fc_in_features=len(dcfg["dflash_config"]["target_layer_ids"]) * target.hidden_size)
-        if kind == "dflash2":  # spec §2.2: A ~ N(0, 0.02), B = 0
-            sel = drafter.candidate_selector
-            sel.predecessor_codebook.weight = 0.02 * mx.random.normal(sel.predecessor_codebook.weight.shape,
-                                                                      key=mx.random.key(config.seed))
+        if kind == "dflash2":
+            init_selector(drafter, config.seed)
     target.layer_ids = dcfg["dflash_config"]["target_layer_ids"]
     drafter.set_dtype(mx.float32)
     if regenerate_tokens:
@@ -102,5 +115,10 @@ def prepare(
     train = [e for e in examples if not is_heldout(e.source, heldout_fraction)] or examples
     eos = tokenizer.eos_token_id
     sequences = pack_sequences(train, tokenizer, seq_len, eos)
+    if not held:
+        import warnings
+
+        warnings.warn("no held-out examples in --data (too few files or lines): evaluation uses "
+                      "training sequences, so its numbers are not held-out")
     heldout = pack_sequences(held, tokenizer, seq_len, eos) if held else sequences[:8]
     return DrafterTrainer(target, drafter, dcfg, sequences, heldout, config, out_dir, group)

@@ -8,7 +8,6 @@ takes its slice of every global batch and gradients are averaged.
 """
 
 import json
-import math
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -157,7 +156,8 @@ class DrafterTrainer:
         seq, anchors = sample_anchors(keys, tokens.shape[1], B, self.config.blocks_per_seq)
         seq, anchors = mx.array(seq), mx.array(anchors)
         inputs, labels = make_blocks(tokens, seq, anchors, B, self.mask_id)
-        return target_features(self.target, tokens), inputs, labels, seq, anchors
+        ids = self.drafter.config.resolve_layer_ids(self.target.num_layers)
+        return target_features(self.target, tokens, ids), inputs, labels, seq, anchors
 
     # -- steps ----------------------------------------------------------------------
     def _global_rows(self, step: int) -> np.ndarray:
@@ -177,8 +177,8 @@ class DrafterTrainer:
             grads = nn.average_gradients(grads, group=self.group)
             loss, sel, recall = (mx.distributed.all_sum(x, group=self.group) / self.world for x in (loss, sel, recall))
         grads, _ = optim.clip_grad_norm(grads, self.config.grad_clip)
-        lr = self.optimizer.learning_rate
         self.optimizer.update(self.drafter, grads)
+        lr = self.optimizer.learning_rate  # the scheduled rate this update used
         mx.eval(self.drafter.parameters(), self.optimizer.state, loss, sel, recall)
         self.step += 1
         seconds = time.perf_counter() - tic
@@ -188,18 +188,20 @@ class DrafterTrainer:
     def evaluate(self, max_seqs: int = 64) -> EvalEvent:
         """Held-out loss and conditional Recall@1/@K by position (fixed anchors)."""
         rows = np.arange(min(max_seqs, len(self.heldout)))
-        total, hits1, hitsK, reached, n = 0.0, 0, 0, 0, 0
+        total, n = 0.0, 0
+        counts = np.zeros((4, self.drafter.config.block_size - 1))  # hits@1, reached@1, hits@K, reached@K
         for start in range(0, len(rows), 8):
             chunk = rows[start : start + 8]
             keys = [[self.config.seed, 2**31 - 1, int(r)] for r in chunk]  # fixed eval anchors
             feats, inputs, labels, seq, anchors = self._batch(chunk, keys, self.heldout)
             hidden, logits = self._forward(self.drafter, feats, inputs, seq, anchors)
-            h1, hK, r = recall_by_position(logits, labels, self.drafter.config.selector_top_k)
+            h1, r1, hK, rK = recall_by_position(logits, labels, self.drafter.config.selector_top_k)
             total += block_loss(logits, labels).item() * inputs.shape[0]
             n += inputs.shape[0]
-            hits1, hitsK, reached = hits1 + np.array(h1), hitsK + np.array(hK), reached + np.array(r)
-        safe = np.maximum(reached, 1)
-        return EvalEvent(self.step, total / max(n, 1), (hits1 / safe).tolist(), (hitsK / safe).tolist())
+            counts += np.array(mx.stack([h1, r1, hK, rK]))
+        recall1 = counts[0] / np.maximum(counts[1], 1)
+        recallK = counts[2] / np.maximum(counts[3], 1)
+        return EvalEvent(self.step, total / max(n, 1), recall1.tolist(), recallK.tolist())
 
     # -- checkpoints --------------------------------------------------------------------
     @property
