@@ -8,9 +8,13 @@
 #      DFlash (baseline), DFlash 2, and the seed's two ablations;
 #   3. `dflash2 analyze` on the held-out completions -> docs/analysis/;
 #   4. the DFlash 2 and DFlash drafters installed into dflash2_mlx/builtin/.
-# Knobs: STEPS, LAYERS, BLOCK, BATCH, SEQ, PER_FILE (environment).
+# Knobs: STEPS, LAYERS, BLOCK, BATCH, SEQ, PER_FILE, VARIANTS (environment).
+# BLAS_SHIM=1 routes MLX's CPU matmuls to numpy's OpenBLAS for these long jobs
+# (recipes/blas_shim; ~8x faster training here, never used for benchmarks).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+if [ "${BLAS_SHIM:-0}" = 1 ]; then eval "$(bash recipes/blas_shim/build.sh)"; fi
+VARIANTS=${VARIANTS:-"dflash dflash2 dflash-selector dflash-conv"}
 RUN=${RUN:-runs/builtin_drafters}
 STEPS=${STEPS:-3000}; LAYERS=${LAYERS:-2}; BLOCK=${BLOCK:-16}; BATCH=${BATCH:-16}; SEQ=${SEQ:-256}
 PER_FILE=${PER_FILE:-4}
@@ -28,16 +32,22 @@ train() {  # name, kind, trainable
     --kind "$2" --train "$3" --layers "$LAYERS" --block-size "$BLOCK" --batch-size "$BATCH" \
     --seq-len "$SEQ" --steps "$STEPS" --eval-every 250 --save-every 100 --seed 0 2>&1 | tee -a "$RUN/$1.log"
 }
-train dflash dflash all
-train dflash2 dflash2 all
-train dflash-selector dflash2 no-conv
-train dflash-conv dflash2 no-selector
+for v in $VARIANTS; do
+  case $v in
+    dflash) train dflash dflash all ;;
+    dflash2) train dflash2 dflash2 all ;;
+    dflash-selector) train dflash-selector dflash2 no-conv ;;
+    dflash-conv) train dflash-conv dflash2 no-selector ;;
+  esac
+done
 
-dflash2 analyze --model builtin --data "$RUN/data/heldout-0.jsonl" --data "$RUN/data/heldout-1.jsonl" \
+[ -d "$RUN/dflash-selector/drafter" ] && [ -d "$RUN/dflash-conv/drafter" ] && dflash2 analyze --model builtin --data "$RUN/data/heldout-0.jsonl" --data "$RUN/data/heldout-1.jsonl" \
   --heldout-fraction 1.0 --out docs/analysis \
   --dflash "$RUN/dflash/drafter" --selector "$RUN/dflash-selector/drafter" \
   --conv "$RUN/dflash-conv/drafter" --dflash2 "$RUN/dflash2/drafter"
 
-rm -rf dflash2_mlx/builtin/dflash2 dflash2_mlx/builtin/dflash
-cp -r "$RUN/dflash2/drafter" dflash2_mlx/builtin/dflash2
-cp -r "$RUN/dflash/drafter" dflash2_mlx/builtin/dflash
+for v in dflash2 dflash; do
+  if [ -d "$RUN/$v/drafter" ]; then
+    rm -rf "dflash2_mlx/builtin/$v" && cp -r "$RUN/$v/drafter" "dflash2_mlx/builtin/$v"
+  fi
+done

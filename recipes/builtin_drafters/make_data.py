@@ -65,15 +65,19 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", default=str(BUILTIN_DIR / "target"))
+    ap.add_argument("--limit", type=int, default=0, help="at most this many prompts per split (0: all)")
     args = ap.parse_args()
 
-    target, tokenizer = load_target(str(BUILTIN_DIR / "target"), activation_dtype=mx.float32)
+    target, tokenizer = load_target(args.model, activation_dtype=mx.float32)
     info = corpus.collect()
     root = Path(info["root"])
     rng = random.Random(args.seed)
     for split in ("train", "heldout"):
         chosen = [root / rel for rel in info[split]]
         prompts = prompts_from(chosen, rng, args.per_file, args.prompt_lines)
+        if args.limit:
+            prompts = prompts[: args.limit]
         prompts = prompts[args.shard :: args.shards]
         out = args.out / f"{split}-{args.shard}.jsonl"
         tmp = out.with_suffix(".jsonl.tmp")
