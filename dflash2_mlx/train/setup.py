@@ -1,6 +1,7 @@
 """Assemble a training run: target, data split, drafter (new or upgraded)."""
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -73,7 +74,7 @@ def prepare(
     out_dir = Path(out_dir).expanduser()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / ".write-test"
+        probe = out_dir / f".write-test-{os.getpid()}"  # one per process: ranks share the folder
         probe.write_text("")
         probe.unlink()
     except OSError as e:

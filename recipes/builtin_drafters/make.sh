@@ -8,29 +8,34 @@
 #      DFlash (baseline), DFlash 2, and the seed's two ablations;
 #   3. `dflash2 analyze` on the held-out completions -> docs/analysis/;
 #   4. the DFlash 2 and DFlash drafters installed into dflash2_mlx/builtin/.
-# Knobs: STEPS, LAYERS, BLOCK, BATCH, SEQ, PER_FILE, VARIANTS (environment).
+# Knobs: STEPS, LAYERS, BLOCK, BATCH, SEQ, PER_FILE, RANK (selector rank; 64 keeps the
+# selector proportionate to a 4k-vocabulary, 192-wide drafter), VARIANTS (environment).
 # BLAS_SHIM=1 routes MLX's CPU matmuls to numpy's OpenBLAS for these long jobs
 # (recipes/blas_shim; ~8x faster training here, never used for benchmarks).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ "${BLAS_SHIM:-0}" = 1 ]; then eval "$(bash recipes/blas_shim/build.sh)"; fi
 VARIANTS=${VARIANTS:-"dflash dflash2 dflash-selector dflash-conv"}
+MODEL=${MODEL:-builtin}  # another target folder only for trying the recipe; nothing is installed then
+MODEL_PATH=$MODEL; [ "$MODEL" = builtin ] && MODEL_PATH=dflash2_mlx/builtin/target
 RUN=${RUN:-runs/builtin_drafters}
 STEPS=${STEPS:-3000}; LAYERS=${LAYERS:-2}; BLOCK=${BLOCK:-16}; BATCH=${BATCH:-16}; SEQ=${SEQ:-256}
 PER_FILE=${PER_FILE:-4}
 mkdir -p "$RUN"
 
 if [ ! -f "$RUN/data/train-1.jsonl" ]; then
-  python recipes/builtin_drafters/make_data.py "$RUN/data" --shard 0 --shards 2 --per-file "$PER_FILE" &
-  python recipes/builtin_drafters/make_data.py "$RUN/data" --shard 1 --shards 2 --per-file "$PER_FILE"
+  python recipes/builtin_drafters/make_data.py "$RUN/data" --model "$MODEL_PATH" --shard 0 --shards 2 --per-file "$PER_FILE" &
+  python recipes/builtin_drafters/make_data.py "$RUN/data" --model "$MODEL_PATH" --shard 1 --shards 2 --per-file "$PER_FILE"
   wait
 fi
 
 train() {  # name, kind, trainable
-  mlx.launch -n 2 --backend ring "$(command -v dflash2)" train --model builtin \
+  mlx.launch -n 2 --backend ring "$(command -v dflash2)" train --model "$MODEL" \
     --data "$RUN/data/train-0.jsonl" --data "$RUN/data/train-1.jsonl" --out "$RUN/$1" \
     --kind "$2" --train "$3" --layers "$LAYERS" --block-size "$BLOCK" --batch-size "$BATCH" \
-    --seq-len "$SEQ" --steps "$STEPS" --eval-every 250 --save-every 100 --seed 0 2>&1 | tee -a "$RUN/$1.log"
+    --seq-len "$SEQ" --steps "$STEPS" --selector-rank "${RANK:-64}" --eval-every "${EVAL_EVERY:-250}" --save-every "${SAVE_EVERY:-100}" --seed 0 2>&1 | tee -a "$RUN/$1.log"
+  # mlx.launch can exit 0 when one rank fails: check the export exists.
+  [ -f "$RUN/$1/drafter/model.safetensors" ] || { echo "training $1 failed: see $RUN/$1.log" >&2; exit 1; }
 }
 for v in $VARIANTS; do
   case $v in
@@ -41,13 +46,13 @@ for v in $VARIANTS; do
   esac
 done
 
-[ -d "$RUN/dflash-selector/drafter" ] && [ -d "$RUN/dflash-conv/drafter" ] && dflash2 analyze --model builtin --data "$RUN/data/heldout-0.jsonl" --data "$RUN/data/heldout-1.jsonl" \
-  --heldout-fraction 1.0 --out docs/analysis \
+[ -d "$RUN/dflash-selector/drafter" ] && [ -d "$RUN/dflash-conv/drafter" ] && dflash2 analyze --model "$MODEL" --data "$RUN/data/heldout-0.jsonl" --data "$RUN/data/heldout-1.jsonl" \
+  --heldout-fraction 1.0 --out "${ANALYSIS:-docs/analysis}" --block-size "${ANALYZE_BLOCK:-$BLOCK}" \
   --dflash "$RUN/dflash/drafter" --selector "$RUN/dflash-selector/drafter" \
   --conv "$RUN/dflash-conv/drafter" --dflash2 "$RUN/dflash2/drafter"
 
 for v in dflash2 dflash; do
-  if [ -d "$RUN/$v/drafter" ]; then
+  if [ "$MODEL" = builtin ] && [ -d "$RUN/$v/drafter" ]; then
     rm -rf "dflash2_mlx/builtin/$v" && cp -r "$RUN/$v/drafter" "dflash2_mlx/builtin/$v"
   fi
 done
