@@ -12,6 +12,7 @@ so a run cut short can still be shipped.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -38,6 +39,7 @@ def main(run: Path, out: Path) -> None:
     assert "model.embed_tokens.weight" in weights and "model.norm.weight" in weights
     out.mkdir(parents=True, exist_ok=True)
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    os.chmod(out / "model.safetensors", 0o644)  # save_file leaves it owner-only
     cfg = dict(ARCH, torch_dtype="bfloat16")
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     for name in TOKENIZER_FILES:
