@@ -90,12 +90,10 @@ def teacher_forced(target, drafter, sequences: np.ndarray, blocks_per_seq: int, 
 
 def _selector_pick(drafter, unary_scale, values, cand, hidden, inputs, labels) -> mx.array:
     """The greedy walk's pick at each position given the true predecessor."""
-    sel = drafter.candidate_selector
     unary = transform_unary(values, *unary_scale)
     pred = mx.concatenate([inputs[:, :1], labels[:, :-1]], axis=1).reshape(-1)
-    gate = sel.hidden_projection(hidden.reshape(unary.shape[0], -1)).astype(mx.float32)
-    a = sel.predecessor_codebook(pred).astype(mx.float32) * gate
-    scores = unary + mx.sum(a[:, None, :] * sel.successor_codebook(cand).astype(mx.float32), axis=-1)
+    scores = drafter.candidate_selector.true_predecessor_scores(
+        unary, cand, hidden.reshape(unary.shape[0], -1), pred)
     return mx.take_along_axis(cand, mx.argmax(scores, axis=-1)[:, None], axis=-1)[:, 0]
 
 

@@ -137,6 +137,15 @@ class CandidateSelector(nn.Module):
         # B = 0 so the initial scores are the drafter's own logits (spec §2.2).
         self.successor_codebook.weight = mx.zeros_like(self.successor_codebook.weight)
 
+    def true_predecessor_scores(self, unary: mx.array, cand: mx.array, hidden: mx.array,
+                                pred: mx.array) -> mx.array:
+        """Teacher-forced scores [N, K]: one lattice row per position, the row of
+        the true previous token `pred` [N] (training loss and analysis)."""
+        gate = self.hidden_projection(hidden).astype(mx.float32)
+        a = self.predecessor_codebook(pred).astype(mx.float32) * gate  # [N, r]
+        b = self.successor_codebook(cand).astype(mx.float32)  # [N, K, r]
+        return unary + mx.sum(a[:, None, :] * b, axis=-1)
+
     def codebook_rows(self, pred_ids: mx.array, cand_ids: mx.array):
         """Tables and row ids for `path_select`.
 

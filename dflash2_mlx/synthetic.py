@@ -16,6 +16,7 @@ from mlx.utils import tree_flatten, tree_map_with_path
 
 from .config import DFLASH2_ARCH, DFLASH_ARCH, DrafterConfig
 from .drafter import Drafter
+from .train.export import released_weights
 
 EOS = "<|endoftext|>"
 
@@ -193,20 +194,10 @@ def random_drafter(config: dict, seed: int = 0, trained_extras: bool = True) -> 
     return drafter
 
 
-def checkpoint_weights(drafter: Drafter, codebook_suffix: bool = False) -> dict[str, mx.array]:
-    """Released tensor names: codebooks without `.weight` unless asked."""
-    out = {}
-    for name, value in tree_flatten(drafter.parameters()):
-        if name.endswith("_codebook.weight") and not codebook_suffix:
-            name = name[: -len(".weight")]
-        out[name] = value.astype(mx.bfloat16)
-    return out
-
-
 def write_drafter(folder, config: dict, seed: int = 0, codebook_suffix: bool = False,
                   trained_extras: bool = True) -> Path:
     drafter = random_drafter(config, seed, trained_extras)
-    return _save(Path(folder), checkpoint_weights(drafter, codebook_suffix), config)
+    return _save(Path(folder), released_weights(drafter, codebook_suffix=codebook_suffix), config)
 
 
 def write_demo_pair(root) -> dict[str, Path]:

@@ -25,7 +25,8 @@ from dflash2_mlx.errors import (
     UnsupportedModelError,
 )
 from dflash2_mlx.loading import check_weights, load_drafter, load_pair, load_target, sanitize_drafter_weights
-from dflash2_mlx.synthetic import TARGET_CONFIGS, checkpoint_weights, write_target
+from dflash2_mlx.synthetic import TARGET_CONFIGS, write_target
+from dflash2_mlx.train.export import released_weights
 
 WEIGHTS = "model.safetensors"
 
@@ -63,7 +64,7 @@ def write_drafter_with(folder, config: dict, fc_in_features=None, seed: int = 0)
     mx.random.seed(seed)
     drafter = Drafter(DrafterConfig.from_dict(config), fc_in_features=fc_in_features)
     folder.mkdir(parents=True)
-    write_weights(folder, checkpoint_weights(drafter))
+    write_weights(folder, released_weights(drafter))
     (folder / "config.json").write_text(json.dumps(config))
     return folder
 

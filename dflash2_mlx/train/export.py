@@ -63,11 +63,12 @@ def upgraded_config(source: dict, selector_rank: int = 256, selector_top_k: int 
     return config
 
 
-def released_weights(drafter, dtype=mx.bfloat16) -> dict[str, mx.array]:
-    """Parameters under the released names (codebooks without `.weight`)."""
+def released_weights(drafter, dtype=mx.bfloat16, codebook_suffix: bool = False) -> dict[str, mx.array]:
+    """Parameters under the released names (codebooks without `.weight`,
+    unless `codebook_suffix`: some exports keep it)."""
     out = {}
     for name, value in tree_flatten(drafter.parameters()):
-        if name.startswith("candidate_selector.") and name.endswith("_codebook.weight"):
+        if not codebook_suffix and name.startswith("candidate_selector.") and name.endswith("_codebook.weight"):
             name = name[: -len(".weight")]
         out[name] = value.astype(dtype)
     return out

@@ -42,11 +42,7 @@ def selector_loss(drafter, logits, hidden, block_inputs, labels, unary_scale=Non
     multiplier, softcap = unary_scale or (config.output_multiplier, config.final_logit_softcapping)
     unary = transform_unary(unary, multiplier, softcap)
     pred = mx.concatenate([block_inputs[:, :1], labels[:, :-1]], axis=1).reshape(-1)
-    sel = drafter.candidate_selector
-    gate = sel.hidden_projection(hidden.reshape(NB * Bm1, -1)).astype(mx.float32)
-    a = sel.predecessor_codebook(pred).astype(mx.float32) * gate  # [N, r]
-    b = sel.successor_codebook(cand).astype(mx.float32)  # [N, K, r]
-    scores = unary + mx.sum(a[:, None, :] * b, axis=-1)
+    scores = drafter.candidate_selector.true_predecessor_scores(unary, cand, hidden.reshape(NB * Bm1, -1), pred)
     hit = cand == labels.reshape(-1, 1)
     valid = mx.any(hit, axis=-1)
     target = mx.argmax(hit, axis=-1)
