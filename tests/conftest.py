@@ -115,3 +115,22 @@ def copy_ckpt(tmp_path):
         return Path(shutil.copytree(folder, tmp_path / name))
 
     return make
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """cli(argv, stdin=None) -> (exit code, stdout, stderr): `dflash2` run in-process
+    through its real entry point and error boundary."""
+    import io
+    import sys
+
+    from dflash2_mlx.cli.main import main
+
+    def call(argv, stdin=None):
+        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin if stdin is not None else ""))
+        with pytest.raises(SystemExit) as e:
+            main([str(a) for a in argv])
+        out, err = capsys.readouterr()
+        return e.value.code, out, err
+
+    return call

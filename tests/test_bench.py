@@ -7,7 +7,6 @@ import json
 import pytest
 
 from dflash2_mlx.bench import BenchRun, markdown, summarize, verdict
-from dflash2_mlx.cli.main import main
 from dflash2_mlx.suites import SUITES, builtin_prompts, read_prompts
 from dflash2_mlx.synthetic import write_target
 from helpers import drafter_folder, target_folder
@@ -25,17 +24,6 @@ def ar_draft(tmp_path_factory):
     """A tiny autoregressive draft model with the target's tokenizer, for mlx-lm's speculative decoding."""
     return write_target(tmp_path_factory.mktemp("ardraft") / "draft", "qwen3", seed=1, hidden_size=32,
                         num_hidden_layers=2)
-
-
-@pytest.fixture
-def cli(capsys):
-    def call(argv):
-        with pytest.raises(SystemExit) as e:
-            main([str(a) for a in argv])
-        out, err = capsys.readouterr()
-        return e.value.code, out, err
-
-    return call
 
 
 def base_argv(*extra):

@@ -21,7 +21,6 @@ import pytest
 from dflash2_mlx.chat import ChatSession
 from dflash2_mlx.cli import ui
 from dflash2_mlx.cli.chat import chat_loop, parse_command
-from dflash2_mlx.cli.main import main
 from dflash2_mlx.generate import stream_generate
 from helpers import drafter_folder, load_pair_for, target_folder
 
@@ -370,17 +369,6 @@ def test_drafted_tokens_are_coloured_only_when_asked():
 
 
 # -- the command line -----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def cli(capsys):
-    def call(argv):
-        with pytest.raises(SystemExit) as e:
-            main([str(a) for a in argv])
-        out, err = capsys.readouterr()
-        return e.value.code, out, err
-
-    return call
 
 
 def test_help(cli):

@@ -5,7 +5,6 @@ Most calls go through `dflash2_mlx.cli.main.main(argv)` in-process (the function
 to prove the entry point, stdin handling and that no traceback escapes.
 """
 
-import io
 import json
 import os
 import re
@@ -16,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from dflash2_mlx.cli.main import main
 from dflash2_mlx.synthetic import write_target
 from helpers import drafter_folder, target_folder
 
@@ -43,20 +41,6 @@ def tokenizer(paths):
     from mlx_lm.utils import load_tokenizer
 
     return load_tokenizer(Path(paths["target"]))
-
-
-@pytest.fixture
-def cli(capsys, monkeypatch):
-    """cli(argv, stdin=None) -> (exit code, stdout, stderr), in-process."""
-
-    def call(argv, stdin=None):
-        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin if stdin is not None else ""))
-        with pytest.raises(SystemExit) as e:
-            main([str(a) for a in argv])
-        out, err = capsys.readouterr()
-        return e.value.code, out, err
-
-    return call
 
 
 @pytest.fixture

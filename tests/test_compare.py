@@ -8,7 +8,6 @@ import json
 import pytest
 
 from dflash2_mlx.cli import ui
-from dflash2_mlx.cli.main import main
 from dflash2_mlx.compare import ArmRun, Parity, compare, parity, replay_frame
 from dflash2_mlx.prompt import build_prompt
 from dflash2_mlx.stats import GenerationStats
@@ -16,17 +15,6 @@ from helpers import ScriptedDrafter, ar_tokens, drafter_folder, load_pair_for, t
 
 SUMMARY_KEYS = {"decode_tps", "e2e_tps", "prompt_tps", "tokens", "prompt_s", "total_s", "target_passes",
                 "peak_memory_gb"}
-
-
-@pytest.fixture
-def cli(capsys):
-    def call(argv):
-        with pytest.raises(SystemExit) as e:
-            main([str(a) for a in argv])
-        out, err = capsys.readouterr()
-        return e.value.code, out, err
-
-    return call
 
 
 def base_argv(*extra):

@@ -10,20 +10,8 @@ from mlx.utils import tree_flatten
 
 from dflash2_mlx import doctor as doc
 from dflash2_mlx.cli import ui
-from dflash2_mlx.cli.main import main
 from dflash2_mlx.synthetic import drafter_config_dict, write_drafter, write_target
 from helpers import drafter_folder, target_config, target_folder
-
-
-@pytest.fixture
-def cli(capsys):
-    def call(argv):
-        with pytest.raises(SystemExit) as e:
-            main([str(a) for a in argv])
-        out, err = capsys.readouterr()
-        return e.value.code, out, err
-
-    return call
 
 
 def run_json(cli, *argv, expect_code=None):
