@@ -1,9 +1,13 @@
 """`dflash2 train`: train a DFlash / DFlash 2 drafter for an mlx-lm target.
 
-Data parallel over processes with MLX's own launcher, e.g. on both cores here:
-    mlx.launch -n 2 --backend ring $(which dflash2) train --model builtin --data corpus/ --out runs/d
+Data parallel over processes with MLX's own launcher: `--processes 2` runs
+this command as two ring-backend ranks on this machine through `mlx.launch`
+(see launch.py for why we do not leave the launcher at full priority). Across
+several Macs, run it under `mlx.launch --hostfile ...` yourself.
 """
 
+import os
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -34,10 +38,14 @@ def train(
     regenerate: Annotated[int, typer.Option("--regenerate", help="Complete each prompt with the target (this many tokens) first.")] = 0,
     eval_every: Annotated[int, typer.Option("--eval-every")] = 100,
     save_every: Annotated[int, typer.Option("--save-every")] = 100,
+    processes: Annotated[int, typer.Option("--processes", min=1,
+                                           help="Data-parallel ranks on this machine (mlx.launch, ring backend).")] = 1,
     seed: o.Seed = 0,
     debug: o.Debug = False,
 ):
     """Train a drafter; resumes from OUT/checkpoints when present."""
+    if processes > 1 and "MLX_RANK" not in os.environ:  # not yet a rank: become N of them
+        return _run_as_ranks(processes, out)
     import mlx.core as mx
 
     from dflash2_mlx.train.setup import prepare
@@ -62,3 +70,27 @@ def train(
                 progress.note(ui.eval_line(event))
             elif isinstance(event, SavedEvent):
                 progress.note(f"saved {event.path}")
+
+
+def _without_processes_flag(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--processes":
+            skip = True
+        elif not a.startswith("--processes="):
+            out.append(a)
+    return out
+
+
+def _run_as_ranks(processes: int, out: Path) -> None:
+    from dflash2_mlx.errors import DFlashError
+
+    from .launch import run_ranks
+
+    status = run_ranks(processes, _without_processes_flag(sys.argv[1:]))
+    # mlx.launch can exit 0 after a rank failed: the finished export is the proof.
+    if status != 0 or not (out / "drafter" / "model.safetensors").exists():
+        raise DFlashError(f"data-parallel training did not finish (launcher exit {status}): "
+                          f"see the ranks' messages above; rerun the same command to resume")

@@ -65,6 +65,11 @@ def test_resume_is_exact(tmp_path):
     run_until(t2)
     a, b = params(straight.drafter), params(t2.drafter)
     assert all(np.array_equal(a[k], b[k]) for k in a)
+    # The loss curve has one record per step: records of the redone steps 7-8 were dropped.
+    def curve(folder):
+        return [(r["step"], r["loss"]) for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines())
+                if r["kind"] == "step"]
+    assert curve(tmp_path / "b") == curve(tmp_path / "a") and len(curve(tmp_path / "a")) == 12
 
 
 @pytest.mark.slow
@@ -87,20 +92,31 @@ def test_killed_process_resumes_from_last_checkpoint(tmp_path):
 
 
 def test_two_processes_match_one(tmp_path):
-    """Same global batch over two ring-backend processes (mlx.launch on loopback)."""
+    """Same global batch over two ring-backend ranks (`--processes 2`: mlx.launch on loopback)."""
     common = ["train", "--model", str(target_folder("qwen3")), "--data", DATA[0], "--steps", "4",
               "--batch-size", "4", "--blocks-per-seq", "4", "--seq-len", "64", "--block-size", "8",
               "--selector-rank", "32", "--save-every", "4", "--eval-every", "4"]
     dflash2 = shutil.which("dflash2")
     one = subprocess.run([dflash2, *common, "--out", str(tmp_path / "one")], capture_output=True, text=True)
     assert one.returncode == 0, one.stderr[-2000:]
-    two = subprocess.run(["mlx.launch", "-n", "2", "--backend", "ring", dflash2, *common, "--out", str(tmp_path / "two")],
+    two = subprocess.run([dflash2, *common, "--processes", "2", "--out", str(tmp_path / "two")],
                          capture_output=True, text=True, timeout=600)
     assert two.returncode == 0, two.stderr[-2000:]
     a = mx.load(str(tmp_path / "one" / "drafter" / "model.safetensors"))
     b = mx.load(str(tmp_path / "two" / "drafter" / "model.safetensors"))
     for k in a:
         assert np.allclose(np.array(a[k].astype(mx.float32)), np.array(b[k].astype(mx.float32)), atol=2e-2), k
+    losses = [[r["loss"] for r in map(json.loads, (tmp_path / run / "metrics.jsonl").read_text().splitlines())
+               if r["kind"] == "step"] for run in ("one", "two")]
+    assert len(losses[0]) == 4 and np.allclose(losses[0], losses[1], atol=1e-3), losses
+
+
+def test_a_failing_rank_is_one_error(tmp_path):
+    r = subprocess.run([shutil.which("dflash2"), "train", "--model", str(target_folder("qwen3")), "--data",
+                        str(tmp_path / "missing.txt"), "--processes", "2", "--out", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "data-parallel training did not finish" in r.stderr.splitlines()[-1]
 
 
 def test_selector_only_upgrade_of_a_v1_drafter(tmp_path):

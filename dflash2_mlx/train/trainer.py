@@ -22,6 +22,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from ..compat import unary_transform
 from ..errors import DFlashError
+from ..files import atomic_write_text
 from .data import BatchOrder
 from .export import atomic_write_folder, export_drafter
 from .loss import block_loss, recall_by_position, selector_loss
@@ -245,18 +246,49 @@ class DrafterTrainer:
         self.optimizer.state = tree_unflatten(list(opt_state.items()))
         self.step = state["step"]
         mx.eval(self.drafter.parameters(), self.optimizer.state)
+        self._forget_metrics_after(self.step)
         return True
+
+    def _forget_metrics_after(self, step: int) -> None:
+        """Records past the checkpoint are about to be redone: drop them so the
+        curve has one record per step."""
+        path = self.out_dir / "metrics.jsonl"
+        if self.rank != 0 or not path.exists():
+            return
+        kept = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                if json.loads(line)["step"] <= step:
+                    kept.append(line + "\n")
+            except (ValueError, KeyError, TypeError):  # a torn last line from a kill
+                pass
+        atomic_write_text(path, "".join(kept))
 
     def export(self, folder=None) -> Path:
         return export_drafter(self.drafter, self.drafter_config, folder or self.out_dir / "drafter")
 
     # -- the loop -------------------------------------------------------------------------
+    def log(self, event: Event) -> None:
+        """Append a step or eval record to OUT/metrics.jsonl (rank 0): the loss
+        curve for plots and the training benchmark. One write per line, so a
+        killed run leaves whole lines; a resumed run appends after them."""
+        if self.rank != 0 or isinstance(event, SavedEvent):
+            return
+        record = {"kind": "step" if isinstance(event, StepEvent) else "eval", **asdict(event)}
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
     def run(self) -> Iterator[Event]:
         c = self.config
         while self.step < c.steps:
-            yield self.train_step()
+            event = self.train_step()
+            self.log(event)
+            yield event
             if self.step % c.eval_every == 0 or self.step == c.steps:
-                yield self.evaluate()
+                event = self.evaluate()
+                self.log(event)
+                yield event
             if self.step % c.save_every == 0 or self.step == c.steps:
                 path = self.save()
                 if path is not None:

@@ -66,6 +66,8 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default=str(BUILTIN_DIR / "target"))
+    ap.add_argument("--splits", default="train,heldout", help="which splits to write")
+    ap.add_argument("--heldout-per-file", type=int, default=0, help="prompts per held-out file (0: --per-file)")
     ap.add_argument("--limit", type=int, default=0, help="at most this many prompts per split (0: all)")
     args = ap.parse_args()
 
@@ -75,7 +77,10 @@ def main():
     rng = random.Random(args.seed)
     for split in ("train", "heldout"):
         chosen = [root / rel for rel in info[split]]
-        prompts = prompts_from(chosen, rng, args.per_file, args.prompt_lines)
+        per_file = args.heldout_per_file if split == "heldout" and args.heldout_per_file else args.per_file
+        prompts = prompts_from(chosen, rng, per_file, args.prompt_lines)
+        if split not in args.splits.split(","):
+            continue
         if args.limit:
             prompts = prompts[: args.limit]
         prompts = prompts[args.shard :: args.shards]
