@@ -57,6 +57,7 @@ class Tally:
 def teacher_forced(target, drafter, sequences: np.ndarray, blocks_per_seq: int, seed: int = 0) -> dict:
     B, K = drafter.config.block_size, drafter.config.selector_top_k
     tally = Tally(B)
+    mass, nblocks = np.zeros(B - 1), 0
     for start in range(0, len(sequences), 8):
         rows = np.arange(start, min(start + 8, len(sequences)))
         tokens = mx.array(sequences[rows])
@@ -68,6 +69,10 @@ def teacher_forced(target, drafter, sequences: np.ndarray, blocks_per_seq: int, 
         NB, Bm1, V = logits.shape
         flat = logits.reshape(NB * Bm1, V)
         values, cand = top_k_candidates(flat, K)
+        # How much of the drafter's own T=1 distribution its top-K holds: a
+        # sampled walk proposes only inside the top-K, v1 samples everywhere.
+        mass += np.array(mx.exp(mx.logsumexp(values, axis=-1) - mx.logsumexp(flat, axis=-1)).reshape(NB, Bm1)).sum(0)
+        nblocks += NB
         lab = labels.reshape(-1, 1)
         tally.add(np.array((cand[:, :1] == lab).reshape(NB, Bm1)), "1")
         tally.add(np.array(mx.any(cand == lab, axis=-1).reshape(NB, Bm1)), "K")
@@ -81,6 +86,7 @@ def teacher_forced(target, drafter, sequences: np.ndarray, blocks_per_seq: int, 
         "tau_teacher_forced": float(np.mean(tally.runs1)),
         "tau_oracle": float(np.mean(tally.runsK)),
         "blocks": len(tally.runs1),
+        "topK_mass_by_position": (mass / max(nblocks, 1)).tolist(),
     }
     if drafter.is_dflash2:
         out["walk_recall1_by_position"] = tally.rate(tally.hitW, tally.reachW)
@@ -99,19 +105,27 @@ def _selector_pick(drafter, unary_scale, values, cand, hidden, inputs, labels) -
 
 def decoded_tau(target, drafter, prompts: list[list[int]], max_tokens: int, temperature: float,
                 block_size: Optional[int] = None, check_parity: bool = False) -> dict:
-    """Mean τ over prompts (τ per prompt = committed tokens / verify passes)."""
+    """Mean τ over prompts (τ per prompt = committed tokens / verify passes),
+    and the acceptance rate by draft position over all passes (P(position t
+    accepted | every earlier one accepted))."""
     taus, identical = [], 0
+    B = block_size or drafter.config.block_size
+    reached, accepted = np.zeros(B - 1), np.zeros(B - 1)
     for i, prompt in enumerate(prompts):
         sampling = SamplingParams(temperature=temperature, seed=i)
         steps = list(speculative_generate_step(prompt, target, drafter, max_tokens=max_tokens,
                                                block_size=block_size, sampling=sampling))
         passes = steps[1:]
         taus.append(sum(len(s.tokens) for s in passes) / max(len(passes), 1))
+        for s in passes:  # position t was tried if every earlier one was accepted
+            reached[: min(s.accepted + 1, s.drafted)] += 1
+            accepted[: s.accepted] += 1
         if check_parity:
             spec = [t for s in steps for t in s.tokens]
             ar = [s.tokens[0] for s in autoregressive_generate_step(prompt, target, max_tokens=max_tokens)]
             identical += spec == ar
-    out = {"tau": float(np.mean(taus)), "tau_by_prompt": taus}
+    out = {"tau": float(np.mean(taus)), "tau_by_prompt": taus,
+           "acceptance_by_position": (accepted / np.maximum(reached, 1)).tolist()}
     if check_parity:
         out["greedy_identical_to_ar"] = f"{identical}/{len(prompts)}"
     return out
@@ -184,7 +198,18 @@ def markdown(result: dict, command: str) -> str:
             lines.append("| walk@1 | " + " | ".join(f"{100 * x:.1f}" for x in tf["walk_recall1_by_position"])
                          + f" | {tf['tau_walk_teacher_forced']:.2f} |")
         lines.append("")
-    lines += ["### Decoded τ, parameters and cycle latency", "",
+    lines += ["### Decoded acceptance by draft position (P(accepted | earlier accepted)) and top-K mass", "",
+              "The drafter's probability mass inside its own top-K (teacher-forced, mean by position): a "
+              "sampled DFlash 2 walk proposes only inside the top-K, a DFlash v1 draft samples the full "
+              "vocabulary.", "",
+              "| method | T | " + " | ".join(f"pos {i}" for i in range(4)) + " |", "|---|---|---|---|---|---|"]
+    for name, rec in result["variants"].items():
+        for T in ("T0", "T1"):
+            acc = rec[T]["acceptance_by_position"][:4]
+            lines.append(f"| {name} | {T[1]} | " + " | ".join(f"{100 * x:.1f}" for x in acc) + " |")
+        mass = rec["teacher_forced"]["topK_mass_by_position"][:4]
+        lines.append(f"| {name} | top-K mass | " + " | ".join(f"{100 * x:.1f}" for x in mass) + " |")
+    lines += ["", "### Decoded τ, parameters and cycle latency", "",
               "| method | params | extra params | cycle ms | cycle vs DFlash | τ (T=0) | τ (T=1) | τ ratio T=0 | τ ratio T=1 | greedy == AR |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for name, rec in result["variants"].items():

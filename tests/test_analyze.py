@@ -27,6 +27,12 @@ def test_analysis_tables(tmp_path):
         assert tf["recallK_by_position"][0] >= tf["recall1_by_position"][0]
         assert tf["tau_oracle"] >= tf["tau_teacher_forced"] >= 1
         assert rec["T0"]["greedy_identical_to_ar"] == "2/2"
+        assert all(0 < x <= 1 + 1e-6 for x in tf["topK_mass_by_position"]) and len(tf["topK_mass_by_position"]) == 7
+        for T in ("T0", "T1"):
+            acc = rec[T]["acceptance_by_position"]
+            assert len(acc) == 7 and all(0 <= x <= 1 for x in acc)
+            # τ = 1 + Σ_t P(first t+1 accepted): acceptance by position must reproduce the pooled τ.
+            assert acc[0] > 0 or rec[T]["tau"] == 1.0
     conv_params = sum(p.size for layer in drafters["dflash2"].layers
                       for conv in (layer.attention_conv, layer.mlp_conv)
                       for p in (conv.base_kernel, conv.kernel_projection.weight))
