@@ -89,8 +89,10 @@ def _run_as_ranks(processes: int, out: Path) -> None:
 
     from .launch import run_ranks
 
+    export = out / "drafter" / "model.safetensors"
+    before = export.stat().st_mtime_ns if export.exists() else None
     status = run_ranks(processes, _without_processes_flag(sys.argv[1:]))
-    # mlx.launch can exit 0 after a rank failed: the finished export is the proof.
-    if status != 0 or not (out / "drafter" / "model.safetensors").exists():
+    # mlx.launch can exit 0 after a rank failed: a freshly written export is the proof.
+    if status != 0 or not export.exists() or export.stat().st_mtime_ns == before:
         raise DFlashError(f"data-parallel training did not finish (launcher exit {status}): "
                           f"see the ranks' messages above; rerun the same command to resume")

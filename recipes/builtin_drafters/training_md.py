@@ -1,0 +1,56 @@
+"""Write TRAINING.md for a drafter the recipe trained: command, tokens, time
+and held-out numbers, all read from the run folder (nothing typed by hand).
+
+    python recipes/builtin_drafters/training_md.py RUN VARIANT DEST_FOLDER --seq-len 256
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run", type=Path)
+    ap.add_argument("variant")
+    ap.add_argument("dest", type=Path)
+    ap.add_argument("--seq-len", type=int, required=True)
+    args = ap.parse_args()
+    folder = args.run / args.variant
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["kind"] == "step"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    checkpoint = sorted((folder / "checkpoints").glob("step-*"))[-1]
+    cfg = json.loads((checkpoint / "state.json").read_text())["config"]
+    tokens_per_step = cfg["batch_size"] * args.seq_len
+    seconds = sum(tokens_per_step / r["tokens_per_s"] for r in steps)
+    median_tps = sorted(r["tokens_per_s"] for r in steps)[len(steps) // 2]
+    last = evals[-1]
+    lines = [
+        f"# Built-in {args.variant} drafter",
+        "",
+        "Trained by `recipes/builtin_drafters/make.sh` (`dflash2 train --processes 2`: two ring ranks",
+        "through mlx.launch, BLAS shim from recipes/blas_shim; CPU backend) against the built-in target,",
+        "on prompts from the target's training modules completed by the target at T=1",
+        "(`make_data.py --per-file 2`).",
+        "",
+        f"- steps: {cfg['steps']} × {cfg['batch_size']} sequences × {args.seq_len} tokens = "
+        f"{cfg['steps'] * tokens_per_step:,} training tokens",
+        f"- what trained: `--train {cfg['trainable']}`; AdamW lr {cfg['lr']}, warm-up {cfg['warmup']}, cosine; seed {cfg['seed']}",
+        f"- training time: {seconds / 60:.1f} min of step time (sum over steps of tokens / measured tokens/s; "
+        f"evaluations and checkpoints not included); median {median_tps:,.0f} tokens/s, both ranks together",
+        f"- held-out (trainer's split) at step {last['step']}: loss {last['loss']:.3f}; Recall@1 by position "
+        + " ".join(f"{x:.2f}" for x in last["recall1_by_position"][:6]) + " …",
+        "",
+        "| step | held-out loss | Recall@1 pos 0 | pos 1 | pos 2 |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [f"| {e['step']} | {e['loss']:.3f} | " + " | ".join(f"{x:.2f}" for x in e["recall1_by_position"][:3]) + " |"
+              for e in evals]
+    lines += ["", "The seed's tables for this drafter and its siblings: docs/analysis/analysis.md.", ""]
+    (args.dest / "TRAINING.md").write_text("\n".join(lines))
+    print(f"wrote {args.dest / 'TRAINING.md'}")
+
+
+if __name__ == "__main__":
+    main()
