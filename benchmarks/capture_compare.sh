@@ -11,23 +11,26 @@ ARGS=("$@")
 S=dflash2-capture-$$
 tmux new-session -d -s "$S" -x 160 -y 45
 trap 'tmux kill-session -t "$S" 2>/dev/null || true' EXIT
-tmux send-keys -t "$S" "dflash2 compare ${ARGS[*]@Q}; echo __DONE__" Enter
+BIN=$(command -v dflash2) || { echo "dflash2 is not installed: pip install -e ." >&2; exit 1; }
+tmux send-keys -t "$S" "$BIN compare ${ARGS[*]@Q}; echo __DONE__ \$?" Enter
 mid="" 
 for _ in $(seq 1 1200); do  # up to 10 minutes
   sleep 0.5
   pane=$(tmux capture-pane -p -t "$S")
-  if [ -z "$mid" ] && grep -q "REPLAY" <<<"$pane" && grep -q "t = [1-9]" <<<"$pane"; then mid=$pane; fi
+  # Keep replay frames until one is a second or more in (or the last one seen).
+  if grep -q "REPLAY" <<<"$pane" && ! grep -q "t = [1-9]" <<<"$mid"; then mid=$pane; fi
   if grep -q "^__DONE__" <<<"$pane"; then break; fi
 done
 final=$(tmux capture-pane -p -S -200 -t "$S")
+grep -q "^__DONE__ 0" <<<"$final" || { echo "compare failed or timed out:" >&2; tail -5 <<<"$final" >&2; exit 1; }
 {
   echo "Command (tmux pane 160x45): dflash2 compare ${ARGS[*]}"
   echo "Captured $(date -u +%Y-%m-%dT%H:%MZ) with tmux capture-pane -p (colours are not captured)."
   echo
   echo "--- during the replay ---"
-  echo "$mid"
+  echo "$mid" | grep -v "__DONE__" | grep -v "compare -p\|compare '-p'"
   echo
   echo "--- at the end (scrollback) ---"
-  echo "$final" | grep -v "__DONE__"
+  echo "$final" | grep -v "__DONE__" | grep -v "compare -p\|compare '-p'"
 } > "$OUT"
 echo "wrote $OUT"

@@ -158,21 +158,42 @@ def _conv_active(drafter) -> bool:
     return False
 
 
+def variant_cycles(target, drafters: dict, prompt: list[int], cycles: int = 10, repeats: int = 5,
+                   block_size: Optional[int] = None) -> dict:
+    """Cycle latency of each variant: `repeats` rounds, the variants in
+    alternating order each round, each round `cycles` cycles; the record of
+    the median round per variant (its spread kept), so a burst of other work
+    on the machine cannot land on one variant only."""
+    rounds = {name: [] for name in drafters}
+    for r in range(repeats):
+        order = list(drafters) if r % 2 == 0 else list(reversed(drafters))
+        for name in order:
+            target.layer_ids = drafters[name].config.resolve_layer_ids(target.num_layers)
+            rounds[name].append(cycle_breakdown(target, drafters[name], prompt, cycles=cycles, block_size=block_size))
+    out = {}
+    for name, recs in rounds.items():
+        ms = sorted(rec["cycle_ms_untimed"] for rec in recs)
+        median = min(recs, key=lambda rec: abs(rec["cycle_ms_untimed"] - ms[len(ms) // 2]))
+        out[name] = {**median, "repeats": repeats, "cycle_ms_untimed_rounds": [rec["cycle_ms_untimed"] for rec in recs]}
+    return out
+
+
 def analyze(target, drafters: dict, heldout: np.ndarray, *, prompt_len: int = 64, n_prompts: int = 16,
             max_tokens: int = 64, blocks_per_seq: int = 8, block_size: Optional[int] = None,
-            cycles: int = 10) -> dict:
+            cycles: int = 10, cycle_repeats: int = 5) -> dict:
     """Run every measurement for every variant; `drafters` maps VARIANTS names to drafters."""
     prompts = [heldout[i, :prompt_len].tolist() for i in range(min(n_prompts, len(heldout)))]
     base = drafters.get("dflash")
     result = {"variants": {}, "heldout_sequences": int(len(heldout)), "prompts": len(prompts),
-              "max_tokens": max_tokens}
+              "max_tokens": max_tokens, "cycle_prompt": prompts[0]}
     for name, drafter in drafters.items():
         target.layer_ids = drafter.config.resolve_layer_ids(target.num_layers)
         rec = {"parameters": parameter_count(drafter), "teacher_forced": teacher_forced(target, drafter, heldout, blocks_per_seq)}
         rec["T0"] = decoded_tau(target, drafter, prompts, max_tokens, 0.0, block_size, check_parity=True)
         rec["T1"] = decoded_tau(target, drafter, prompts, max_tokens, 1.0, block_size)
-        rec["cycle"] = cycle_breakdown(target, drafter, prompts[0], cycles=cycles, block_size=block_size)
         result["variants"][name] = rec
+    for name, record in variant_cycles(target, drafters, prompts[0], cycles, cycle_repeats, block_size).items():
+        result["variants"][name]["cycle"] = record
     if base is not None:
         b = result["variants"]["dflash"]
         for rec in result["variants"].values():

@@ -19,7 +19,7 @@ def test_analysis_tables(tmp_path):
         run_until(t)
         drafters[name] = t.drafter
     target, heldout = t.target, t.heldout[:4]
-    result = analyze(target, drafters, heldout, prompt_len=16, n_prompts=2, max_tokens=12, blocks_per_seq=4, cycles=2)
+    result = analyze(target, drafters, heldout, prompt_len=16, n_prompts=2, max_tokens=12, blocks_per_seq=4, cycles=2, cycle_repeats=2)
     v = result["variants"]
     for rec in v.values():
         tf = rec["teacher_forced"]
@@ -39,6 +39,10 @@ def test_analysis_tables(tmp_path):
     assert v["dflash+conv"]["extra_parameters"] == conv_params
     assert v["dflash2"]["extra_parameters"] > conv_params
     assert "| dflash2 |" in markdown(result, "test")
+    # Cycle latency: one record per variant from alternating rounds, the median round's.
+    for rec in v.values():
+        rounds = sorted(rec["cycle"]["cycle_ms_untimed_rounds"])
+        assert len(rounds) == 2 and rec["cycle"]["cycle_ms_untimed"] in rounds
     # Recall@1 at position 0 is exactly the share of blocks whose first draft is right.
     again = teacher_forced(target, drafters["dflash"], heldout, 4)
     assert np.isclose(again["recall1_by_position"][0], v["dflash"]["teacher_forced"]["recall1_by_position"][0])

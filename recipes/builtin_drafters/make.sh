@@ -7,7 +7,8 @@
 #      steps, each data-parallel over both cores (--processes 2: mlx.launch, ring):
 #      DFlash (baseline), DFlash 2, and the seed's two ablations;
 #   3. `dflash2 analyze` on the held-out completions -> docs/analysis/;
-#   4. the DFlash 2 and DFlash drafters installed into dflash2_mlx/builtin/.
+#   4. the DFlash 2 and DFlash drafters installed into dflash2_mlx/builtin/ with a
+#      TRAINING.md each (tokens, time, held-out numbers, read from the run).
 # Knobs: STEPS, LR, PROCESSES, LAYERS, BLOCK, BATCH, SEQ, PER_FILE, RANK (selector rank; 64 keeps the
 # selector proportionate to a 4k-vocabulary, 192-wide drafter), VARIANTS (environment).
 # BLAS_SHIM=1 routes MLX's CPU matmuls to numpy's OpenBLAS for these long jobs
@@ -42,7 +43,7 @@ train() {  # name, kind, trainable
     --data "$RUN/data/train-0.jsonl" --data "$RUN/data/train-1.jsonl" --out "$RUN/$1" \
     --kind "$2" --train "$3" --layers "$LAYERS" --block-size "$BLOCK" --batch-size "$BATCH" \
     --seq-len "$SEQ" --steps "$STEPS" --lr "${LR:-2e-3}" --selector-rank "${RANK:-64}" \
-    --eval-every "${EVAL_EVERY:-250}" --save-every "${SAVE_EVERY:-100}" --seed 0 2>&1 | tee -a "$RUN/$1.log"
+    --eval-every "${EVAL_EVERY:-200}" --save-every "${SAVE_EVERY:-100}" --seed 0 2>&1 | tee -a "$RUN/$1.log"
   [ -f "$RUN/$1/drafter/model.safetensors" ] || { echo "training $1 failed: see $RUN/$1.log" >&2; exit 1; }
 }
 for v in $VARIANTS; do
@@ -56,7 +57,7 @@ done
 
 unset LD_PRELOAD  # the analysis times cycles: stock MLX only
 [ -d "$RUN/dflash-selector/drafter" ] && [ -d "$RUN/dflash-conv/drafter" ] && dflash2 analyze --model "$MODEL" --data "$RUN/data/heldout-0.jsonl" --data "$RUN/data/heldout-1.jsonl" \
-  --data "$RUN/heldout/heldout-0.jsonl" --data "$RUN/heldout/heldout-1.jsonl" ${ANALYZE_ARGS:-} \
+  --data "$RUN/heldout/heldout-0.jsonl" --data "$RUN/heldout/heldout-1.jsonl" ${ANALYZE_ARGS:---prompts 32 --prompt-len 48 --max-tokens 64} \
   --heldout-fraction 1.0 --out "${ANALYSIS:-docs/analysis}" --block-size "${ANALYZE_BLOCK:-$BLOCK}" \
   --dflash "$RUN/dflash/drafter" --selector "$RUN/dflash-selector/drafter" \
   --conv "$RUN/dflash-conv/drafter" --dflash2 "$RUN/dflash2/drafter"
@@ -64,5 +65,6 @@ unset LD_PRELOAD  # the analysis times cycles: stock MLX only
 for v in dflash2 dflash; do
   if [ "$MODEL" = builtin ] && [ -d "$RUN/$v/drafter" ]; then
     rm -rf "dflash2_mlx/builtin/$v" && cp -r "$RUN/$v/drafter" "dflash2_mlx/builtin/$v"
+    python recipes/builtin_drafters/training_md.py "$RUN" "$v" "dflash2_mlx/builtin/$v" --seq-len "$SEQ"
   fi
 done
