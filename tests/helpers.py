@@ -7,6 +7,7 @@ from pathlib import Path
 import tempfile
 
 import mlx.core as mx
+import numpy as np
 
 from dflash2_mlx.drafter import Drafter
 from dflash2_mlx.loading import load_drafter, load_target
@@ -77,3 +78,32 @@ class ScriptedDrafter(Drafter):
         self.cycle += 1
         logits = 10.0 * (mx.arange(self.vocab)[None, :] == mx.array(wanted)[:, None]).astype(mx.float32)
         return hidden, logits
+
+
+def assert_window_wrap_matches_uncached(target, n_tokens: int) -> None:
+    """Through wrapped ring caches (blocks and single rows) the logits match one
+    uncached forward over the whole sequence with the model's window mask."""
+    target.max_block = 4
+    ids = [int(x) for x in np.random.RandomState(3).randint(0, 380, n_tokens)]
+    ref = np.array(target.model(mx.array([ids])))
+    cache, rows, i = target.make_cache(), [], 0
+    for L in [20, 1, 3, 5, 2, 1, 4] * 10:
+        if i >= len(ids):
+            break
+        rows.append(target(mx.array([ids[i : i + L]]), cache)[0])
+        i += L
+    assert cache[0].offset == len(ids) > cache[0].capacity
+    np.testing.assert_allclose(np.array(mx.concatenate(rows, axis=1)), ref, atol=2e-5, rtol=1e-5)
+
+
+def assert_blocks_bitwise_single_steps(target, n_tokens: int) -> None:
+    """Blocks of 3 (after a prefill of 5) give bitwise the logits of one token
+    at a time: the ground greedy parity stands on."""
+    target.max_block = 4
+    ids = [int(x) for x in np.random.RandomState(0).randint(0, 380, n_tokens)]
+    c_block, c_step = target.make_cache(), target.make_cache()
+    block = [target(mx.array([ids[:5]]), c_block)[0][:, -1:]]
+    step = [target(mx.array([ids[:5]]), c_step)[0][:, -1:]]
+    block += [target(mx.array([ids[i : i + 3]]), c_block)[0] for i in range(5, len(ids), 3)]
+    step += [target(mx.array([[t]]), c_step)[0] for t in ids[5:]]
+    assert np.array_equal(np.array(mx.concatenate(block, 1)), np.array(mx.concatenate(step, 1)))

@@ -24,7 +24,8 @@ from dflash2_mlx.errors import UnsupportedModelError
 from dflash2_mlx.loading import load_target
 from dflash2_mlx.synthetic import drafter_config_dict, random_drafter, write_target
 from dflash2_mlx.target import Target, check_supported
-from helpers import ScriptedDrafter, ar_tokens
+from helpers import (ScriptedDrafter, ar_tokens, assert_blocks_bitwise_single_steps,
+                     assert_window_wrap_matches_uncached)
 from test_hybrid_targets import PROMPTS, _first_diff, spec
 
 WINDOW = 8
@@ -88,32 +89,11 @@ def test_logits_equal_model_call_with_its_own_cache(tie):
 
 
 def test_window_is_enforced_after_wrapping():
-    """Through wrapped rings (blocks and single rows) the logits match one uncached
-    forward over the whole sequence with the model's window mask."""
-    target = load()
-    target.max_block = 4
-    ids = [int(x) for x in np.random.RandomState(3).randint(0, 380, 50)]
-    ref = np.array(target.model(mx.array([ids])))
-    cache, rows, i = target.make_cache(), [], 0
-    for L in [20, 1, 3, 5, 2, 1, 4] * 10:
-        if i >= len(ids):
-            break
-        rows.append(target(mx.array([ids[i : i + L]]), cache)[0])
-        i += L
-    assert cache[0].offset == len(ids) > cache[0].capacity
-    np.testing.assert_allclose(np.array(mx.concatenate(rows, axis=1)), ref, atol=2e-5, rtol=1e-5)
+    assert_window_wrap_matches_uncached(load(), 50)
 
 
 def test_block_forward_is_bitwise_single_steps():
-    target = load()
-    target.max_block = 4
-    ids = [int(x) for x in np.random.RandomState(0).randint(0, 380, 40)]
-    c_block, c_step = target.make_cache(), target.make_cache()
-    block = [target(mx.array([ids[:5]]), c_block)[0][:, -1:]]
-    step = [target(mx.array([ids[:5]]), c_step)[0][:, -1:]]
-    block += [target(mx.array([ids[i : i + 3]]), c_block)[0] for i in range(5, len(ids), 3)]
-    step += [target(mx.array([[t]]), c_step)[0] for t in ids[5:]]
-    assert np.array_equal(np.array(mx.concatenate(block, 1)), np.array(mx.concatenate(step, 1)))
+    assert_blocks_bitwise_single_steps(load(), 40)
 
 
 class _Recorder(nn.Module):

@@ -24,7 +24,8 @@ from dflash2_mlx.errors import UnsupportedModelError
 from dflash2_mlx.loading import load_target
 from dflash2_mlx.synthetic import drafter_config_dict, random_drafter, write_target
 from dflash2_mlx.target import Target, check_supported
-from helpers import ScriptedDrafter, ar_tokens
+from helpers import (ScriptedDrafter, ar_tokens, assert_blocks_bitwise_single_steps,
+                     assert_window_wrap_matches_uncached)
 
 WINDOW = 8
 # Extra config per test family. Muse Glimmer is untied like the real model (a
@@ -112,36 +113,13 @@ def test_logits_equal_model_call_with_its_own_cache(family):
 
 @pytest.mark.parametrize("family", SLIDING)
 def test_window_is_enforced_after_wrapping(family):
-    """Through wrapped ring caches (blocks and single rows) the logits match one
-    uncached forward over the whole sequence with the model's window mask."""
-    target = load(family)
-    target.max_block = 4
-    ids = [int(x) for x in np.random.RandomState(3).randint(0, 380, 70)]
-    ref = np.array(target.model(mx.array([ids])))
-    cache, rows, i = target.make_cache(), [], 0
-    for L in [20, 1, 3, 5, 2, 1, 4] * 10:
-        if i >= len(ids):
-            break
-        rows.append(target(mx.array([ids[i : i + L]]), cache)[0])
-        i += L
-    got = np.array(mx.concatenate(rows, axis=1))
-    assert cache[0].offset == len(ids) > cache[0].capacity
-    np.testing.assert_allclose(got, ref, atol=2e-5, rtol=1e-5)
+    assert_window_wrap_matches_uncached(load(family), 70)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_block_forward_is_bitwise_single_steps(family):
-    """Blocks of 3 (and a prefill of 5) give bitwise the logits of one token at
-    a time, past the sliding window's wrap: the ground parity stands on."""
-    target = load(family)
-    target.max_block = 4
-    ids = [int(x) for x in np.random.RandomState(0).randint(0, 380, 60)]
-    c_block, c_step = target.make_cache(), target.make_cache()
-    block = [target(mx.array([ids[:5]]), c_block)[0][:, -1:]]
-    step = [target(mx.array([ids[:5]]), c_step)[0][:, -1:]]
-    block += [target(mx.array([ids[i : i + 3]]), c_block)[0] for i in range(5, len(ids), 3)]
-    step += [target(mx.array([[t]]), c_step)[0] for t in ids[5:]]
-    assert np.array_equal(np.array(mx.concatenate(block, 1)), np.array(mx.concatenate(step, 1)))
+    """Past the sliding window's wrap, and through the recurrent layers."""
+    assert_blocks_bitwise_single_steps(load(family), 60)
 
 
 def test_gated_delta_recurrence_chunk_equals_steps():
