@@ -27,6 +27,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dflash2_mlx.loading import backend_name  # noqa: E402
+from dflash2_mlx.train.trainer import read_metrics  # noqa: E402
 
 
 def corpus(folder: Path) -> Path:
@@ -46,9 +50,8 @@ def run_arm(name: str, launch: list[str], args: list[str], out: Path) -> dict:
     wall = time.perf_counter() - tic
     if proc.returncode != 0 or not (out / "drafter" / "model.safetensors").exists():
         raise SystemExit(f"{name} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return dict(name=name, command=" ".join([*launch, *args]), wall_s=round(wall, 2),
-                steps=[r for r in records if r["kind"] == "step"])
+                steps=read_metrics(out, "step"))
 
 
 def summarize(arm: dict, warmup: int) -> dict:
@@ -70,9 +73,6 @@ def main():
     args = ap.parse_args()
 
     import mlx.core as mx
-
-    sys.path.insert(0, str(ROOT))
-    from dflash2_mlx.loading import backend_name
 
     dflash2 = shutil.which("dflash2") or sys.exit("dflash2 is not installed: pip install -e .")
     with tempfile.TemporaryDirectory() as tmp:

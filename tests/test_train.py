@@ -19,7 +19,7 @@ from mlx.utils import tree_flatten
 from dflash2_mlx.errors import DFlashError
 from dflash2_mlx.loading import load_pair
 from dflash2_mlx.train.setup import prepare
-from dflash2_mlx.train.trainer import EvalEvent, StepEvent, TrainConfig
+from dflash2_mlx.train.trainer import EvalEvent, StepEvent, TrainConfig, read_metrics
 from helpers import ar_tokens, drafter_folder, target_folder
 
 DATA = [str(Path(sysconfig.get_paths()["stdlib"]) / "json")]
@@ -67,8 +67,7 @@ def test_resume_is_exact(tmp_path):
     assert all(np.array_equal(a[k], b[k]) for k in a)
     # The loss curve has one record per step: records of the redone steps 7-8 were dropped.
     def curve(folder):
-        return [(r["step"], r["loss"]) for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines())
-                if r["kind"] == "step"]
+        return [(r["step"], r["loss"]) for r in read_metrics(folder, "step")]
     assert curve(tmp_path / "b") == curve(tmp_path / "a") and len(curve(tmp_path / "a")) == 12
 
 
@@ -106,8 +105,7 @@ def test_two_processes_match_one(tmp_path):
     b = mx.load(str(tmp_path / "two" / "drafter" / "model.safetensors"))
     for k in a:
         assert np.allclose(np.array(a[k].astype(mx.float32)), np.array(b[k].astype(mx.float32)), atol=2e-2), k
-    losses = [[r["loss"] for r in map(json.loads, (tmp_path / run / "metrics.jsonl").read_text().splitlines())
-               if r["kind"] == "step"] for run in ("one", "two")]
+    losses = [[r["loss"] for r in read_metrics(tmp_path / run, "step")] for run in ("one", "two")]
     assert len(losses[0]) == 4 and np.allclose(losses[0], losses[1], atol=1e-3), losses
 
 

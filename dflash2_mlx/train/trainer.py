@@ -110,6 +110,24 @@ def trains_selector(which: str) -> bool:
     return which != "no-selector"
 
 
+METRICS = "metrics.jsonl"
+
+
+def read_metrics(out_dir, kind: Optional[str] = None) -> list[dict]:
+    """The records a run logged ("step" and "eval"; `kind` keeps one of them).
+    A torn last line from a killed run is skipped."""
+    path = Path(out_dir) / METRICS
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "step" in record and kind in (None, record.get("kind")):
+            records.append(record)
+    return records
+
+
 class DrafterTrainer:
     def __init__(self, target, drafter, drafter_config: dict, sequences: np.ndarray,
                  heldout: np.ndarray, config: TrainConfig, out_dir, group=None):
@@ -252,17 +270,10 @@ class DrafterTrainer:
     def _forget_metrics_after(self, step: int) -> None:
         """Records past the checkpoint are about to be redone: drop them so the
         curve has one record per step."""
-        path = self.out_dir / "metrics.jsonl"
-        if self.rank != 0 or not path.exists():
+        if self.rank != 0 or not (self.out_dir / METRICS).exists():
             return
-        kept = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                if json.loads(line)["step"] <= step:
-                    kept.append(line + "\n")
-            except (ValueError, KeyError, TypeError):  # a torn last line from a kill
-                pass
-        atomic_write_text(path, "".join(kept))
+        kept = [r for r in read_metrics(self.out_dir) if r["step"] <= step]
+        atomic_write_text(self.out_dir / METRICS, "".join(json.dumps(r) + "\n" for r in kept))
 
     def export(self, folder=None) -> Path:
         return export_drafter(self.drafter, self.drafter_config, folder or self.out_dir / "drafter")
@@ -276,7 +287,7 @@ class DrafterTrainer:
             return
         record = {"kind": "step" if isinstance(event, StepEvent) else "eval", **asdict(event)}
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+        with open(self.out_dir / METRICS, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
     def run(self) -> Iterator[Event]:

@@ -6,7 +6,12 @@ and held-out numbers, all read from the run folder (nothing typed by hand).
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from dflash2_mlx.train.trainer import read_metrics  # noqa: E402
 
 
 def main():
@@ -17,9 +22,7 @@ def main():
     ap.add_argument("--seq-len", type=int, required=True)
     args = ap.parse_args()
     folder = args.run / args.variant
-    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if r["kind"] == "step"]
-    evals = [r for r in records if r["kind"] == "eval"]
+    steps, evals = read_metrics(folder, "step"), read_metrics(folder, "eval")
     checkpoint = sorted((folder / "checkpoints").glob("step-*"))[-1]
     cfg = json.loads((checkpoint / "state.json").read_text())["config"]
     tokens_per_step = cfg["batch_size"] * args.seq_len
