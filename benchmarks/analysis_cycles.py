@@ -19,10 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dflash2_mlx.analyze import markdown, variant_cycles  # noqa: E402
-from dflash2_mlx.loading import load_drafter, load_target  # noqa: E402
-from dflash2_mlx.train.data import pack_sequences, read_examples  # noqa: E402
-from dflash2_mlx.train.setup import is_heldout  # noqa: E402
+from dflash2_mlx.analyze import heldout_sequences, markdown, relative_to_dflash, variant_cycles  # noqa: E402
+from dflash2_mlx.loading import load_drafter, load_target, resolve_builtin  # noqa: E402
 
 FOLDERS = {"dflash": "dflash", "dflash+selector": "dflash-selector", "dflash+conv": "dflash-conv", "dflash2": "dflash2"}
 
@@ -42,22 +40,19 @@ def main():
     result = json.loads(args.analysis.read_text())
     import mlx.core as mx
 
-    from dflash2_mlx.loading import resolve_builtin
-
     drafters = {name: load_drafter(str(args.run / FOLDERS[name] / "drafter"), activation_dtype=mx.float32)
                 for name in result["variants"]}
     target, tokenizer = load_target(resolve_builtin(args.model, "target"), activation_dtype=mx.float32)
     # The analysis' first decode prompt, rebuilt exactly as `dflash2 analyze` does.
-    held = [e for e in read_examples(args.data) if is_heldout(e.source, args.heldout_fraction)]
-    prompt = pack_sequences(held, tokenizer, args.seq_len, tokenizer.eos_token_id)[0, : args.prompt_len].tolist()
+    heldout = heldout_sequences(args.data, tokenizer, args.seq_len, args.heldout_fraction)
+    prompt = heldout[0, : args.prompt_len].tolist()
     if "cycle_prompt" in result and result["cycle_prompt"] != prompt:
         sys.exit("these --data do not rebuild the analysis' prompt: pass its --data in the same order")
     block = result["variants"]["dflash"]["cycle"]["block_size"]
     cycles = variant_cycles(target, drafters, prompt, args.cycles, args.repeats, block)
-    base = cycles["dflash"]["cycle_ms_untimed"]
     for name, record in cycles.items():
         result["variants"][name]["cycle"] = record
-        result["variants"][name]["cycle_overhead"] = record["cycle_ms_untimed"] / base - 1
+    relative_to_dflash(result)
     command = "python " + " ".join(sys.argv)
     result["cycle_command"] = command
     args.analysis.write_text(json.dumps(result, indent=1) + "\n")

@@ -38,11 +38,10 @@ def analyze(
     import mlx.core as mx
 
     from dflash2_mlx.analyze import analyze as run_analysis
+    from dflash2_mlx.analyze import heldout_sequences
     from dflash2_mlx.analyze import markdown
     from dflash2_mlx.errors import DFlashError
     from dflash2_mlx.loading import load_drafter, load_target, resolve_builtin
-    from dflash2_mlx.train.data import pack_sequences, read_examples
-    from dflash2_mlx.train.setup import is_heldout
 
     refs = {"dflash": dflash, "dflash+selector": selector, "dflash+conv": conv, "dflash2": dflash2}
     refs = {k: v for k, v in refs.items() if v}
@@ -55,10 +54,7 @@ def analyze(
     for d in drafters.values():
         target.layer_ids = d.config.resolve_layer_ids(target.num_layers)
         check_compatibility(d, target)
-    held = [e for e in read_examples([str(p) for p in data]) if is_heldout(e.source, heldout_fraction)]
-    if not held:
-        raise DFlashError("no held-out examples in --data: give more files or raise --heldout-fraction")
-    heldout = pack_sequences(held, tokenizer, seq_len, tokenizer.eos_token_id)
+    heldout = heldout_sequences([str(p) for p in data], tokenizer, seq_len, heldout_fraction)
     result = run_analysis(target, drafters, heldout, prompt_len=prompt_len, n_prompts=prompts,
                           max_tokens=max_tokens, block_size=block_size)
     command = "dflash2 " + " ".join(sys.argv[1:])

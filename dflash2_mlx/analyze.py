@@ -21,10 +21,13 @@ from mlx.utils import tree_flatten
 from .benchmark import cycle_breakdown
 from .compat import unary_transform
 from .decode import autoregressive_generate_step, speculative_generate_step
+from .errors import DFlashError
 from .sampling import SamplingParams
 from .selector import top_k_candidates, transform_unary
+from .train.data import pack_sequences, read_examples
 from .train.forward import packed_forward, target_features
 from .train.packing import make_blocks, sample_anchors
+from .train.setup import is_heldout
 
 VARIANTS = ("dflash", "dflash+selector", "dflash+conv", "dflash2")
 
@@ -195,13 +198,26 @@ def analyze(target, drafters: dict, heldout: np.ndarray, *, prompt_len: int = 64
     for name, record in variant_cycles(target, drafters, prompts[0], cycles, cycle_repeats, block_size).items():
         result["variants"][name]["cycle"] = record
     if base is not None:
-        b = result["variants"]["dflash"]
-        for rec in result["variants"].values():
-            rec["extra_parameters"] = rec["parameters"] - b["parameters"]
-            rec["cycle_overhead"] = rec["cycle"]["cycle_ms_untimed"] / b["cycle"]["cycle_ms_untimed"] - 1
-            rec["tau_ratio_T0"] = rec["T0"]["tau"] / b["T0"]["tau"]
-            rec["tau_ratio_T1"] = rec["T1"]["tau"] / b["T1"]["tau"]
+        relative_to_dflash(result)
     return result
+
+
+def relative_to_dflash(result: dict) -> None:
+    """Extra parameters, cycle overhead and τ ratios of every variant against DFlash."""
+    b = result["variants"]["dflash"]
+    for rec in result["variants"].values():
+        rec["extra_parameters"] = rec["parameters"] - b["parameters"]
+        rec["cycle_overhead"] = rec["cycle"]["cycle_ms_untimed"] / b["cycle"]["cycle_ms_untimed"] - 1
+        rec["tau_ratio_T0"] = rec["T0"]["tau"] / b["T0"]["tau"]
+        rec["tau_ratio_T1"] = rec["T1"]["tau"] / b["T1"]["tau"]
+
+
+def heldout_sequences(paths: list[str], tokenizer, seq_len: int, fraction: float) -> np.ndarray:
+    """The held-out examples of `paths` packed into sequences, as analyze reads them."""
+    held = [e for e in read_examples(paths) if is_heldout(e.source, fraction)]
+    if not held:
+        raise DFlashError("no held-out examples in --data: give more files or raise --heldout-fraction")
+    return pack_sequences(held, tokenizer, seq_len, tokenizer.eos_token_id)
 
 
 def markdown(result: dict, command: str) -> str:
