@@ -78,6 +78,8 @@ def main():
     for split in ("train", "heldout"):
         chosen = [root / rel for rel in info[split]]
         per_file = args.heldout_per_file if split == "heldout" and args.heldout_per_file else args.per_file
+        # Draw a skipped split's prompts too: the other split's draws then do
+        # not depend on --splits.
         prompts = prompts_from(chosen, rng, per_file, args.prompt_lines)
         if split not in args.splits.split(","):
             continue
