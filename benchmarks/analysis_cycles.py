@@ -6,7 +6,7 @@
 `dflash2 analyze` measures cycle latency in the same run as everything else;
 if other work shared the machine during that run, this re-measures only the
 latency (variants alternating over rounds, median round; see
-dflash2_mlx.analyze.variant_cycles), replaces the cycle records and overheads
+dflash2_mlx.tools.analyze.variant_cycles), replaces the cycle records and overheads
 in the JSON, re-renders the markdown beside it and records this command in both.
 τ and recall are untouched.
 """
@@ -19,8 +19,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dflash2_mlx.analyze import heldout_sequences, markdown, relative_to_dflash, variant_cycles  # noqa: E402
-from dflash2_mlx.loading import load_drafter, load_target, resolve_builtin  # noqa: E402
+from dflash2_mlx.tools.analyze import heldout_sequences, markdown, relative_to_dflash, variant_cycles  # noqa: E402
+from dflash2_mlx.engine.pair import Pair  # noqa: E402
+from dflash2_mlx.loading.builtin import resolve_builtin  # noqa: E402
+from dflash2_mlx.loading.checkpoints import load_drafter, load_target  # noqa: E402
 
 FOLDERS = {"dflash": "dflash", "dflash+selector": "dflash-selector", "dflash+conv": "dflash-conv", "dflash2": "dflash2"}
 
@@ -49,7 +51,8 @@ def main():
     if "cycle_prompt" in result and result["cycle_prompt"] != prompt:
         sys.exit("these --data do not rebuild the analysis' prompt: pass its --data in the same order")
     block = result["variants"]["dflash"]["cycle"]["block_size"]
-    cycles = variant_cycles(target, drafters, prompt, args.cycles, args.repeats, block)
+    pairs = {name: Pair.make(target, drafter) for name, drafter in drafters.items()}
+    cycles = variant_cycles(pairs, prompt, args.cycles, args.repeats, block)
     for name, record in cycles.items():
         result["variants"][name]["cycle"] = record
     relative_to_dflash(result)

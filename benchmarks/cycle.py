@@ -17,10 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dflash2_mlx.benchmark import cycle_breakdown  # noqa: E402
-from dflash2_mlx.loading import load_pair  # noqa: E402
-from dflash2_mlx.sampling import SamplingParams  # noqa: E402
-from dflash2_mlx.synthetic import drafter_config_dict, write_drafter, write_target  # noqa: E402
+from dflash2_mlx.tools.cycle_profile import cycle_breakdown  # noqa: E402
+from dflash2_mlx.loading.load_pair import load_pair  # noqa: E402
+from dflash2_mlx.engine.sampling import SamplingParams  # noqa: E402
+from dflash2_mlx.tools.synthetic import drafter_config_dict, write_drafter, write_target  # noqa: E402
 
 SIZES = {
     "mid": dict(target=dict(vocab_size=32768, hidden_size=512, num_hidden_layers=8, intermediate_size=1536,
@@ -62,9 +62,9 @@ def main():
         pairs = [(args.model, args.drafter, "given")] if args.model else [
             (*synthetic_pair(Path(tmp), s), s) for s in args.sizes.split(",")]
         for model, drafter_ref, label in pairs:
-            target, _, drafter = load_pair(model, drafter_ref)
+            pair, _ = load_pair(model, drafter_ref)
             for B in args.block_size:
-                rec = cycle_breakdown(target, drafter, prompt, cycles=args.cycles, block_size=B,
+                rec = cycle_breakdown(pair, prompt, cycles=args.cycles, block_size=B,
                                       sampling=SamplingParams(temperature=args.temp, seed=0))
                 rec["pair"] = label
                 runs.append(rec)

@@ -21,9 +21,9 @@ import time
 
 import mlx.core as mx
 
-from dflash2_mlx import kernels
-from dflash2_mlx.conv import two_tap_conv_ops
-from dflash2_mlx.selector import path_select_ops
+from dflash2_mlx.kernels import registry as kernels
+from dflash2_mlx.engine.conv import two_tap_conv_ops
+from dflash2_mlx.engine.selector import path_select_ops
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
@@ -173,13 +173,14 @@ def cycle_share(args) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from cycle import synthetic_pair
 
-    from dflash2_mlx.benchmark import cycle_breakdown
-    from dflash2_mlx.loading import load_pair
+    from dflash2_mlx.tools.cycle_profile import cycle_breakdown
+    from dflash2_mlx.loading.load_pair import load_pair
 
     with tempfile.TemporaryDirectory() as tmp:
-        target, _, drafter = load_pair(*synthetic_pair(Path(tmp), "mid"))
+        pair, _ = load_pair(*synthetic_pair(Path(tmp), "mid"))
+    drafter = pair.drafter
     B, H, L = args.block, drafter.config.hidden_size, len(drafter.layers)
-    rec = cycle_breakdown(target, drafter, list(range(10, 74)), cycles=8, block_size=B)
+    rec = cycle_breakdown(pair, list(range(10, 74)), cycles=8, block_size=B)
     x = mx.random.normal((1, B, H)).astype(drafter.activation_dtype)
     d = mx.zeros((1, B, 2, H // drafter.config.conv_group_size), x.dtype)
     base = mx.ones((2, H), x.dtype)

@@ -26,11 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlx.core as mx  # noqa: E402
 
-from dflash2_mlx.caches import RecurrentCache, WindowKVCache  # noqa: E402
-from dflash2_mlx.decode import speculative_generate_step  # noqa: E402
-from dflash2_mlx.loading import backend_name, load_target  # noqa: E402
-from dflash2_mlx.synthetic import drafter_config_dict, random_drafter, write_target  # noqa: E402
-from dflash2_mlx.target import Target  # noqa: E402
+from dflash2_mlx.engine.caches import RecurrentCache, WindowKVCache  # noqa: E402
+from dflash2_mlx.engine.decode import speculative_generate_step  # noqa: E402
+from dflash2_mlx.device import backend_name  # noqa: E402
+from dflash2_mlx.engine.pair import Pair  # noqa: E402
+from dflash2_mlx.loading.checkpoints import load_target  # noqa: E402
+from dflash2_mlx.tools.synthetic import drafter_config_dict, random_drafter, write_target  # noqa: E402
+from dflash2_mlx.engine.target import Target  # noqa: E402
 
 B = 16
 LINEAR = dict(linear_num_value_heads=8, linear_num_key_heads=4, linear_key_head_dim=64,
@@ -59,22 +61,23 @@ class MeasuringTarget(Target):
     times verify forwards and rollbacks (each evaluated on its own)."""
 
     def __init__(self, base: Target):
-        super().__init__(base.model, base.layer_ids, base.max_block)
+        super().__init__(base.model, base.max_block)
         self.snapshot_bytes, self.window_bytes, self.verify_s, self.rollback_s = [], [], [], []
 
-    def __call__(self, tokens, cache, capture=True, last_logits_only=False):
+    def _forward(self, tokens, cache, layer_ids, last_logits_only, record):
         tic = time.perf_counter()
-        out = super().__call__(tokens, cache, capture, last_logits_only)
+        out = super()._forward(tokens, cache, layer_ids, last_logits_only, record)
         if tokens.shape[1] == B:
             mx.eval(out, [c.state for c in cache])
             self.verify_s.append(time.perf_counter() - tic)
         return out
 
-    def rollback(self, cache, snapshot, tokens, keep):
+    def rollback(self, cache, undo, keep):
+        snapshot = undo.snapshot
         self.snapshot_bytes.append(0 if snapshot is None else snapshot.nbytes)
         self.window_bytes.append(sum(c.extra_nbytes for c in cache if isinstance(c, WindowKVCache)))
         tic = time.perf_counter()
-        super().rollback(cache, snapshot, tokens, keep)
+        super().rollback(cache, undo, keep)
         mx.eval([c.state for c in cache])
         self.rollback_s.append(time.perf_counter() - tic)
 
@@ -83,10 +86,10 @@ def active_delta(target: Target, prompt: list[int]) -> int:
     """MLX active memory with one evaluated snapshot alive minus without it."""
     cache = target.make_cache()
     mx.eval(target(mx.array([prompt]), cache)[0])
-    snapshot = target.snapshot(cache)
-    logits, features = target(mx.array([prompt[:B]]), cache)
-    mx.eval(logits, features, [c.state for c in cache], snapshot.inputs)
-    del logits, features
+    logits, features, undo = target.forward_undoable(mx.array([prompt[:B]]), cache)
+    snapshot = undo.snapshot
+    mx.eval(logits, [c.state for c in cache], snapshot.inputs)
+    del logits, features, undo
     gc.collect()
     held = mx.get_active_memory()
     del snapshot
@@ -98,10 +101,10 @@ def measure(root: Path, family: str) -> dict:
     folder = write_target(root / family, family, **TARGETS[family])
     config = json.loads((folder / "config.json").read_text())
     drafter = random_drafter(drafter_config_dict(config, "dflash2", block_size=B), seed=1)
-    base, _ = load_target(str(folder), layer_ids=drafter.config.target_layer_ids)
+    base, _ = load_target(str(folder))
     target = MeasuringTarget(base)
     prompt = [(7 * i) % 300 + 1 for i in range(100)]
-    for _ in speculative_generate_step(prompt, target, drafter, max_tokens=200, block_size=B):
+    for _ in speculative_generate_step(prompt, Pair.make(target, drafter), max_tokens=200, block_size=B):
         pass
     args, cache = target.args, target.make_cache()
     b = target.activation_dtype.size

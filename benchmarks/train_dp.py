@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dflash2_mlx.loading import backend_name  # noqa: E402
+from dflash2_mlx.device import backend_name  # noqa: E402
 from dflash2_mlx.train.trainer import read_metrics  # noqa: E402
 
 

@@ -37,25 +37,23 @@ def analyze(
     """Recall by position, oracle τ, decoded τ at T=0/T=1, parameters and cycle latency per variant."""
     import mlx.core as mx
 
-    from dflash2_mlx.analyze import analyze as run_analysis
-    from dflash2_mlx.analyze import heldout_sequences
-    from dflash2_mlx.analyze import markdown
+    from dflash2_mlx.tools.analyze import analyze as run_analysis
+    from dflash2_mlx.tools.analyze import heldout_sequences
+    from dflash2_mlx.tools.analyze import markdown
     from dflash2_mlx.errors import DFlashError
-    from dflash2_mlx.loading import load_drafter, load_target, resolve_builtin
+    from dflash2_mlx.engine.pair import Pair
+    from dflash2_mlx.loading.builtin import resolve_builtin
+    from dflash2_mlx.loading.checkpoints import load_drafter, load_target
 
     refs = {"dflash": dflash, "dflash+selector": selector, "dflash+conv": conv, "dflash2": dflash2}
     refs = {k: v for k, v in refs.items() if v}
     if not refs:
         raise DFlashError("no drafters: pass at least one of --dflash, --selector, --conv, --dflash2")
     target, tokenizer = load_target(resolve_builtin(model, "target"), activation_dtype=mx.float32)
-    drafters = {k: load_drafter(resolve_builtin(v, "drafter"), activation_dtype=mx.float32) for k, v in refs.items()}
-    from dflash2_mlx.compat import check_compatibility
-
-    for d in drafters.values():
-        target.layer_ids = d.config.resolve_layer_ids(target.num_layers)
-        check_compatibility(d, target)
+    pairs = {k: Pair.make(target, load_drafter(resolve_builtin(v, "drafter"), activation_dtype=mx.float32))
+             for k, v in refs.items()}
     heldout = heldout_sequences([str(p) for p in data], tokenizer, seq_len, heldout_fraction)
-    result = run_analysis(target, drafters, heldout, prompt_len=prompt_len, n_prompts=prompts,
+    result = run_analysis(pairs, heldout, prompt_len=prompt_len, n_prompts=prompts,
                           max_tokens=max_tokens, block_size=block_size)
     command = "dflash2 " + " ".join(sys.argv[1:])
     result["command"] = command

@@ -43,52 +43,47 @@ def bench(
     plainly when speculation loses to plain decoding, and why (τ against the
     measured cost of a B-row verify relative to a 1-row step).
     """
-    from dflash2_mlx.sampling import SamplingParams
-
-    from .generate import parse_template_config
-
-    sampling = SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
-    if max_tokens < 1:
-        raise DFlashError(f"--max-tokens {max_tokens} must be at least 1")
+    sampling = o.sampling_params(temp, top_p, top_k, min_p, seed)
+    o.check_max_tokens(max_tokens)
     if repeats < 1:
         raise DFlashError(f"--repeats {repeats} must be at least 1")
     sizes = _parse_sizes(block_sizes) if block_sizes else None
-    template_kwargs = parse_template_config(chat_template_config)
-    from dflash2_mlx.suites import builtin_prompts, read_prompts
+    template_kwargs = o.parse_template_config(chat_template_config)
+    from dflash2_mlx.tools.suites import builtin_prompts, read_prompts
 
     chosen = read_prompts(prompts, max_prompts) if prompts else builtin_prompts(
         [s.strip() for s in suite.split(",") if s.strip()], max_prompts)
 
-    from dflash2_mlx.bench import markdown, run_bench
-    from dflash2_mlx.loading import load_drafter, load_pair, resolve_builtin
-    from dflash2_mlx.prompt import build_prompt
+    from dflash2_mlx.engine.pair import Pair
+    from dflash2_mlx.loading.builtin import resolve_builtin
+    from dflash2_mlx.loading.checkpoints import load_drafter
+    from dflash2_mlx.loading.load_pair import load_pair
+    from dflash2_mlx.text.prompt import build_prompt
+    from dflash2_mlx.text.stats import mode_name
+    from dflash2_mlx.tools.bench import markdown, run_bench
 
     ui.progress_note("loading models…")
-    target, tokenizer, first = load_pair(model, drafter, draft_quant)
-    drafters = [first] if first is not None else []
+    first, tokenizer = load_pair(model, drafter, draft_quant)
+    target = first.target
+    pairs = [first] if first.drafter is not None else []
     if dflash_drafter:
-        from dflash2_mlx.compat import check_compatibility
-        from dflash2_mlx.quantize import DraftQuant, quantize_drafter
+        from dflash2_mlx.loading.quantize import DraftQuant, quantize_drafter
 
-        second = load_drafter(resolve_builtin(dflash_drafter, "drafter"))
-        if first is not None and second.config.kind == first.config.kind:
-            raise DFlashError(f"--drafter and --dflash-drafter are both {ui.MODE_LABEL[first.config.kind]} drafters: "
+        second = Pair.make(target, load_drafter(resolve_builtin(dflash_drafter, "drafter")))
+        if first.drafter is not None and second.kind == first.kind:
+            raise DFlashError(f"--drafter and --dflash-drafter are both {mode_name(first.kind)} drafters: "
                               "benchmark them in separate runs")
-        taps = target.layer_ids
-        target.layer_ids = second.config.resolve_layer_ids(target.num_layers)
-        check_compatibility(second, target)
-        target.layer_ids = taps
         if draft_quant:
-            quantize_drafter(second, DraftQuant.parse(draft_quant))
-        drafters.append(second)
+            quantize_drafter(second.drafter, DraftQuant.parse(draft_quant))
+        pairs.append(second)
     if sizes is None:
-        top = max((d.config.block_size for d in drafters), default=16)
+        top = max((p.max_block_size for p in pairs), default=16)
         sizes = [B for B in (4, 8, 16) if B <= top] or [top]
     ar_draft = _load_ar_draft(draft_model, target) if draft_model else None
     ids = [(p, build_prompt(tokenizer, p.text, system_prompt, not ignore_chat_template, template_kwargs))
            for p in chosen]
     with ui.RunProgress(enabled=ui.err_console.is_terminal) as progress:
-        record = run_bench(target, tokenizer, ids, drafters=drafters, draft_model=ar_draft, block_sizes=sizes,
+        record = run_bench(target, tokenizer, ids, pairs=pairs, draft_model=ar_draft, block_sizes=sizes,
                            repeats=repeats, max_tokens=max_tokens, sampling=sampling, on_run=progress.update)
     record["models"] = {"target": model, "drafter": drafter, "dflash_drafter": dflash_drafter,
                         "draft_model": draft_model, "draft_quant": draft_quant}
@@ -114,8 +109,8 @@ def _load_ar_draft(ref: str, target):
     """An ordinary mlx-lm model as mlx-lm's speculative draft (same tokenizer)."""
     from mlx_lm.utils import load_model
 
-    from dflash2_mlx.hub import resolve
-    from dflash2_mlx.loading import read_config
+    from dflash2_mlx.loading.hub import resolve
+    from dflash2_mlx.loading.checkpoints import read_config
 
     folder = resolve(ref, "draft model")
     config = read_config(folder, "draft model")

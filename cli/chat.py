@@ -34,32 +34,29 @@ def chat(
     Each turn prefills only its new tokens: the conversation stays in the target's
     and drafter's caches. Type /help for commands; Ctrl-C stops an answer.
     """
-    from dflash2_mlx.sampling import SamplingParams
+    sampling = o.sampling_params(temp, top_p, top_k, min_p, seed)
+    o.check_max_tokens(max_tokens)
+    template_kwargs = o.parse_template_config(chat_template_config)
 
-    from .generate import parse_template_config
-
-    sampling = SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
-    if max_tokens < 1:
-        raise DFlashError(f"--max-tokens {max_tokens} must be at least 1")
-    if block_size is not None and block_size < 2:
-        raise DFlashError(f"--block-size {block_size} is too small: a block holds the anchor and at least one draft (use 2 or more)")
-    template_kwargs = parse_template_config(chat_template_config)
-
-    from dflash2_mlx.chat import ChatSession
-    from dflash2_mlx.loading import backend_name, load_pair
+    from dflash2_mlx.device import backend_name
+    from dflash2_mlx.loading.load_pair import load_pair
+    from dflash2_mlx.text.chat_session import ChatSession
+    from dflash2_mlx.text.stats import mode_name
 
     ui.progress_note("loading models…")
-    target, tokenizer, draft = load_pair(model, None if ar else drafter, draft_quant)
+    pair, tokenizer = load_pair(model, None if ar else drafter, draft_quant)
+    if pair.drafter is None:
+        block_size = None
+    else:
+        pair.block_size(block_size, "--block-size")
     session = ChatSession(
-        target, tokenizer, draft, system_prompt=system_prompt, use_chat_template=not ignore_chat_template,
-        template_kwargs=template_kwargs, max_tokens=max_tokens, sampling=sampling,
-        block_size=block_size if draft is not None else None,
+        pair, tokenizer, system_prompt=system_prompt, use_chat_template=not ignore_chat_template,
+        template_kwargs=template_kwargs, max_tokens=max_tokens, sampling=sampling, block_size=block_size,
     )
     view = ui.ChatView(color=color)
     rows = [("model", model)]
-    if draft is not None:
-        rows.append(("drafter", f"{drafter} ({ui.MODE_LABEL[draft.config.kind]}, block "
-                                f"{block_size or draft.config.block_size})"))
+    if pair.drafter is not None:
+        rows.append(("drafter", f"{drafter} ({mode_name(pair.kind)}, block {pair.block_size(block_size)})"))
     else:
         rows.append(("decoding", "plain autoregressive (--ar)"))
     rows += [("max tokens", f"{max_tokens:,}"), ("temperature", f"{temp:g}"), ("backend", backend_name())]

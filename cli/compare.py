@@ -41,46 +41,37 @@ def compare(
     position, target passes, peak memory and a parity verdict. Without --prompt,
     a built-in code prompt is used.
     """
-    from dflash2_mlx.sampling import SamplingParams
-
-    from .generate import parse_template_config, read_prompt
-
-    sampling = SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
-    if max_tokens < 1:
-        raise DFlashError(f"--max-tokens {max_tokens} must be at least 1")
+    sampling = o.sampling_params(temp, top_p, top_k, min_p, seed)
+    o.check_max_tokens(max_tokens)
     if repeats < 1:
         raise DFlashError(f"--repeats {repeats} must be at least 1")
     if replay_speed <= 0:
         raise DFlashError(f"--replay-speed {replay_speed} must be positive")
-    if block_size is not None and block_size < 2:
-        raise DFlashError(f"--block-size {block_size} is too small: a block holds the anchor and at least one draft (use 2 or more)")
-    template_kwargs = parse_template_config(chat_template_config)
+    template_kwargs = o.parse_template_config(chat_template_config)
     if prompt is None:
-        from dflash2_mlx.suites import SUITES
+        from dflash2_mlx.tools.suites import SUITES
 
         text = SUITES["code"][0]
     else:
-        text = read_prompt(prompt)
-    if not text.strip():
-        raise DFlashError("the prompt is empty: give some text (or '-' to read stdin)")
+        text = o.read_prompt(prompt)
 
-    from dflash2_mlx.compare import compare as run_compare
-    from dflash2_mlx.loading import load_pair
-    from dflash2_mlx.prompt import build_prompt
+    from dflash2_mlx.loading.load_pair import load_pair
+    from dflash2_mlx.text.prompt import build_prompt
+    from dflash2_mlx.text.stats import mode_name
+    from dflash2_mlx.tools.compare import compare as run_compare
 
-    target, tokenizer, draft = load_pair(model, drafter, draft_quant)
-    if block_size is not None and block_size > draft.config.block_size:
-        raise DFlashError(f"--block-size {block_size} exceeds this drafter's block_size {draft.config.block_size}")
+    pair, tokenizer = load_pair(model, drafter, draft_quant)
+    pair.block_size(block_size, "--block-size")  # refuse a block size this drafter cannot draft before any work
     ids = build_prompt(tokenizer, text, system_prompt, not ignore_chat_template, template_kwargs)
     quiet = json_output
 
     def on_arm(phase, arm, repeat):
         if not quiet:
-            name = "autoregressive" if arm == "ar" else ui.MODE_LABEL[draft.config.kind]
+            name = mode_name("ar" if arm == "ar" else pair.kind)
             what = "warming up" if phase == "warmup" else f"measuring (repeat {repeat + 1}/{repeats})"
             ui.status(f"{what}: {name}")
 
-    result = run_compare(target, tokenizer, draft, ids, max_tokens=max_tokens, sampling=sampling,
+    result = run_compare(pair, tokenizer, ids, max_tokens=max_tokens, sampling=sampling,
                          block_size=block_size, repeats=repeats, on_arm=on_arm)
     record = result.to_dict()
     record["prompt"] = text

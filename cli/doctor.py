@@ -28,8 +28,8 @@ def doctor(
     Exits non-zero, saying why, when anything fails, including a pair whose
     first drafted token is accepted less often than --min-acceptance.
     """
-    from dflash2_mlx.doctor import problems, run_doctor
-    from dflash2_mlx.quantize import DraftQuant
+    from dflash2_mlx.tools.doctor import problems, run_doctor
+    from dflash2_mlx.loading.quantize import DraftQuant
 
     if draft_quant:
         DraftQuant.parse(draft_quant)  # a bad spelling is a flag error, before any output
@@ -40,8 +40,6 @@ def doctor(
         raise DFlashError(f"--min-acceptance {min_acceptance} must be between 0 and 1")
     if max_tokens < 2:
         raise DFlashError(f"--max-tokens {max_tokens} must be at least 2 for the self-test")
-    if block_size is not None and block_size < 2:
-        raise DFlashError(f"--block-size {block_size} is too small: a block holds the anchor and at least one draft (use 2 or more)")
     sections = []
     for section in run_doctor(model, drafter, draft_quant=draft_quant, block_size=block_size, context=context,
                               min_acceptance=min_acceptance, run_self_test=self_test, max_tokens=max_tokens):

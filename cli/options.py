@@ -78,3 +78,50 @@ MinAcceptance = Annotated[
                  help="Refuse the pair when fewer than this fraction of first drafted tokens are accepted in the self-test."),
 ]
 SelfTest = Annotated[bool, typer.Option("--self-test/--no-self-test", help="Run the short greedy acceptance self-test.")]
+
+
+# -- checks and values every command shares ------------------------------------------------
+# The library is imported inside these functions: `dflash2 --help` and argument
+# errors should not wait for MLX.
+
+
+def sampling_params(temp: float, top_p: float, top_k: int, min_p: float, seed: Optional[int]):
+    """The `SamplingParams` of the sampling flags (it validates them)."""
+    from dflash2_mlx.engine.sampling import SamplingParams
+
+    return SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
+
+
+def check_max_tokens(max_tokens: int) -> None:
+    from dflash2_mlx.errors import DFlashError
+
+    if max_tokens < 1:
+        raise DFlashError(f"--max-tokens {max_tokens} must be at least 1")
+
+
+def read_prompt(prompt: Optional[str]) -> str:
+    """The text of --prompt ('-' reads stdin)."""
+    import sys
+
+    from dflash2_mlx.errors import DFlashError
+
+    if prompt is None:
+        raise DFlashError("no prompt: pass --prompt TEXT (or --prompt - to read stdin)")
+    return sys.stdin.read() if prompt == "-" else prompt
+
+
+def parse_template_config(raw: Optional[str]) -> dict:
+    """--chat-template-config as keyword arguments for the chat template."""
+    import json
+
+    from dflash2_mlx.errors import DFlashError
+
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise DFlashError(f"--chat-template-config is not valid JSON ({e.msg}): e.g. '{{\"enable_thinking\": false}}'") from None
+    if not isinstance(value, dict):
+        raise DFlashError("--chat-template-config must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    return value

@@ -17,9 +17,10 @@ def quantize(
 ):
     """Quantize a drafter and save it as its own folder (the original is never rewritten)."""
     from dflash2_mlx.errors import DFlashError
-    from dflash2_mlx.hub import resolve
-    from dflash2_mlx.loading import load_drafter, read_config, resolve_builtin
-    from dflash2_mlx.quantize import DraftQuant, quantize_drafter, save_quantized_drafter
+    from dflash2_mlx.loading.hub import resolve
+    from dflash2_mlx.loading.builtin import resolve_builtin
+    from dflash2_mlx.loading.checkpoints import load_drafter, read_config
+    from dflash2_mlx.loading.quantize import DraftQuant, quantize_drafter, save_quantized_drafter
 
     quant = DraftQuant.parse(draft_quant)
     if out is None:

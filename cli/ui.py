@@ -5,12 +5,17 @@ one place (as mlx-lm's cli_ui does) keeps Rich out of the library and the
 commands thin. Sections: generate/train, shared helpers, chat, compare, bench,
 doctor. Each renderer is a pure function of its data."""
 
+from __future__ import annotations
+
 import sys
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from dflash2_mlx.bench import MODE_NAMES as MODE_LABEL
-from dflash2_mlx.stats import GenerationStats
+from dflash2_mlx.text.modes import mode_name, short_mode_name
+
+if TYPE_CHECKING:  # the library loads MLX: not needed to draw
+    from dflash2_mlx.text.stats import GenerationStats
 
 err_console = Console(stderr=True, highlight=False)
 
@@ -56,18 +61,21 @@ def progress_note(message: str) -> None:
         status(message)
 
 
-class TrainProgress:
-    """A progress bar with loss, recall and tokens/s; notes print above it."""
+class BarProgress:
+    """A labelled progress bar on stderr with one free-text column; the base of
+    train's and bench's bars. `auto_refresh=False` redraws only when told."""
 
-    def __init__(self, total: int, done: int, enabled: bool = True):
+    def __init__(self, label: str, total: int = None, done: int = 0, enabled: bool = True,
+                 time_remaining: bool = False, auto_refresh: bool = True):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         self.enabled = enabled
-        self._progress = Progress(
-            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"), TimeRemainingColumn(), console=err_console,
-        )
-        self._task = self._progress.add_task("train", total=total, completed=done, info="")
+        columns = [TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}")]
+        if time_remaining:
+            columns.append(TimeRemainingColumn())
+        self._progress = Progress(*columns, console=err_console, auto_refresh=auto_refresh)
+        self._label = label
+        self._task = None if total is None else self._progress.add_task(label, total=total, completed=done, info="")
 
     def __enter__(self):
         if self.enabled:
@@ -78,10 +86,22 @@ class TrainProgress:
         if self.enabled:
             self._progress.stop()
 
+    def set(self, done: int, total: int, info: str) -> None:
+        if self._task is None:
+            self._task = self._progress.add_task(self._label, total=total, info="")
+        self._progress.update(self._task, completed=done, total=total, info=info)
+
+
+class TrainProgress(BarProgress):
+    """Train's bar: loss, recall and tokens/s; notes print above it."""
+
+    def __init__(self, total: int, done: int, enabled: bool = True):
+        super().__init__("train", total, done, enabled, time_remaining=True)
+
     def step(self, event) -> None:
         info = (f"loss {event.loss:.3f} sel {event.selector_loss:.3f} recall {event.recall1:.3f} "
                 f"{event.tokens_per_s:,.0f} tok/s lr {event.lr:.2e}")
-        self._progress.update(self._task, completed=event.step, info=info)
+        self.set(event.step, self._progress.tasks[0].total, info)
 
     def note(self, text: str) -> None:
         self._progress.console.print(f"[dim]{text}[/dim]")
@@ -205,7 +225,7 @@ def turn_stats(result):
     if s.mode == "ar":
         return Text(f"  plain decoding: {s.generation_tokens} tokens, {s.target_passes} target passes", style=MUTED)
     head = Text(
-        f"  {MODE_LABEL.get(s.mode, s.mode)}, block {s.block_size}: draft acceptance {s.acceptance_rate:.2f} "
+        f"  {mode_name(s.mode)}, block {s.block_size}: draft acceptance {s.acceptance_rate:.2f} "
         f"({s.accepted} accepted / {s.drafted} drafted), mean acceptance length {s.mean_acceptance_length:.2f}, "
         f"{s.target_passes} target passes for {s.generation_tokens} tokens")
     return Group(head, acceptance_bars(s.acceptance_by_position))
@@ -286,7 +306,7 @@ def compare_panes(comparison, frame, width: int = 160, height: int = 14, speed: 
     for run, shown, done in ((ar, frame.ar_shown, frame.ar_done), (spec, frame.spec_shown, frame.spec_done)):
         t = min(frame.t, run.total_seconds)
         rate = (shown - 1) / (t - run.prompt_seconds) if shown > 1 and t > run.prompt_seconds else 0.0
-        label = MODE_LABEL.get(run.mode, run.mode)
+        label = mode_name(run.mode)
         if run.mode != "ar":
             label += f" (block {run.stats.block_size})"
         sub = f"{shown} tok · {t:.2f} s · {rate:.1f} tok/s"
@@ -304,7 +324,7 @@ def compare_panes(comparison, frame, width: int = 160, height: int = 14, speed: 
 
 def final_panes(comparison, width: int = None):
     """Both arms complete, as the replay ends."""
-    from dflash2_mlx.compare import replay_duration, replay_frame
+    from dflash2_mlx.tools.compare import replay_duration, replay_frame
 
     ar, spec = comparison.ar[0], comparison.spec[0]
     width = width or console.width
@@ -329,7 +349,7 @@ def compare_table(comparison):
 
     s = comparison.summary()
     a, d = s["ar"], s["spec"]
-    spec_label = f"{MODE_LABEL.get(s['spec_mode'], s['spec_mode'])} (block {s['block_size']})"
+    spec_label = f"{mode_name(s['spec_mode'])} (block {s['block_size']})"
     table = Table(title=f"median of {s['repeats']} repeat(s), order alternated, both arms warmed up", title_style=MUTED)
     table.add_column("")
     table.add_column("autoregressive", justify="right")
@@ -372,7 +392,7 @@ def replay(comparison, speed: float = 1.0, fps: int = 20, out: Console = None) -
 
     from rich.live import Live
 
-    from dflash2_mlx.compare import replay_duration, replay_frame
+    from dflash2_mlx.tools.compare import replay_duration, replay_frame
 
     out = out or console
     ar, spec = comparison.ar[0], comparison.spec[0]
@@ -395,37 +415,20 @@ def replay(comparison, speed: float = 1.0, fps: int = 20, out: Console = None) -
 # == bench ================================================================================
 
 
-class RunProgress:
-    """A progress line on stderr, redrawn only when told (between runs), so no
-    refresh thread competes with the measurement."""
+class RunProgress(BarProgress):
+    """Bench's bar, redrawn only when told (between runs), so no refresh thread
+    competes with the measurement."""
 
     def __init__(self, enabled: bool = True):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-        self.enabled = enabled
-        self._progress = Progress(TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(),
-                                  TextColumn("{task.fields[info]}"), console=err_console, auto_refresh=False)
-        self._task = None
-
-    def __enter__(self):
-        if self.enabled:
-            self._progress.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self.enabled:
-            self._progress.stop()
+        super().__init__("bench", enabled=enabled, auto_refresh=False)
 
     def update(self, done: int, total: int, info: str) -> None:
         if not self.enabled:
             return
-        if self._task is None:
-            self._task = self._progress.add_task("bench", total=total, info="")
-        self._progress.update(self._task, completed=done, info=info)
+        self.set(done, total, info)
         self._progress.refresh()
 
 
-SHORT_MODE = {"ar": "AR", "dflash": "DFlash", "dflash2": "DFlash 2", "mlx-lm-spec": "mlx-lm spec"}
 
 
 def bench_table(record: dict, suite: str = "all"):
@@ -444,7 +447,7 @@ def bench_table(record: dict, suite: str = "all"):
         speed_text = "-" if speed is None or r["mode"] == "ar" else f"[{'green' if speed >= 1 else 'red'}]{speed:.2f}x[/]"
         star = "★" if best.get(r["mode"]) == r["block_size"] else ""
         same = "-" if r["identical_to_ar"] is None else f"{100 * r['identical_to_ar']:.0f}%"
-        table.add_row(SHORT_MODE[r["mode"]] + star, str(r["block_size"]), f"{r['decode_tps']:.1f}",
+        table.add_row(short_mode_name(r["mode"]) + star, str(r["block_size"]), f"{r['decode_tps']:.1f}",
                       f"{r['e2e_tps']:.1f}", speed_text, f"{r['mean_acceptance_length']:.2f}",
                       _positions(r["acceptance_by_position"], 3), gb(r["peak_memory_gb"]), same)
     return table

@@ -25,3 +25,7 @@ class IncompatibleError(DFlashError):
 
 class UnsupportedModelError(DFlashError):
     """A target architecture the engine does not support."""
+
+
+class BlockSizeError(DFlashError, ValueError):
+    """A block size the pair cannot draft (also a ValueError: a bad argument)."""

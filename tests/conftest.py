@@ -38,7 +38,7 @@ def scaled_released_config(kind: str, target_cfg: dict, nested: dict | None = No
     Every other key (and where it sits: top level or `dflash_config`) is kept.
     `nested` overrides `dflash_config` entries, `top` top-level ones.
     """
-    from dflash2_mlx.config import default_target_layer_ids
+    from dflash2_mlx.engine.config import default_target_layer_ids
 
     cfg = copy.deepcopy(released_config(kind))
     H, n_target, V = target_cfg["hidden_size"], target_cfg["num_hidden_layers"], target_cfg["vocab_size"]
@@ -65,7 +65,7 @@ def hash_tree(folder: Path) -> dict:
 @pytest.fixture(scope="session")
 def tiny_target_dir(tmp_path_factory) -> Path:
     """A random 8-layer qwen3 target with tokenizer, written as mlx-lm writes it."""
-    from dflash2_mlx.synthetic import write_target
+    from dflash2_mlx.tools.synthetic import write_target
 
     return write_target(tmp_path_factory.mktemp("tiny-target") / "target", "qwen3", **TINY_TARGET)
 
@@ -90,7 +90,7 @@ def drafter_ckpt(tmp_path_factory, scaled_config):
     """`drafter_ckpt(kind, codebook_suffix=False, seed=0, config=None)`: a tiny drafter
     checkpoint folder with the released key names (written once per argument set;
     copy it before changing it)."""
-    from dflash2_mlx.synthetic import write_drafter
+    from dflash2_mlx.tools.synthetic import write_drafter
 
     root = tmp_path_factory.mktemp("drafters")
     made: dict = {}

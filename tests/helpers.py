@@ -9,9 +9,10 @@ import tempfile
 import mlx.core as mx
 import numpy as np
 
-from dflash2_mlx.drafter import Drafter
-from dflash2_mlx.loading import load_drafter, load_target
-from dflash2_mlx.synthetic import drafter_config_dict, write_drafter, write_target
+from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.drafter import Drafter
+from dflash2_mlx.loading.checkpoints import load_drafter, load_target
+from dflash2_mlx.tools.synthetic import drafter_config_dict, write_drafter, write_target
 
 FAMILIES = ["qwen3", "qwen2", "llama", "mistral", "qwen3_moe"]
 _ROOT = Path(tempfile.mkdtemp(prefix="dflash2-tests-"))
@@ -39,15 +40,14 @@ def drafter_folder(family: str = "qwen3", kind: str = "dflash2", seed: int = 0, 
 
 def load_pair_for(family="qwen3", kind="dflash2", quantize_bits=None, **cfg):
     drafter = load_drafter(str(drafter_folder(family, kind, **cfg)))
-    target, tokenizer = load_target(str(target_folder(family, quantize_bits)),
-                                    layer_ids=drafter.config.target_layer_ids)
+    target, tokenizer = load_target(str(target_folder(family, quantize_bits)))
     return target, tokenizer, drafter
 
 
 def ar_tokens(target, prompt, n):
-    from dflash2_mlx.decode import autoregressive_generate_step
+    from dflash2_mlx.engine.decode import autoregressive_generate_step
 
-    return [s.tokens[0] for s in autoregressive_generate_step(prompt, target, max_tokens=n)]
+    return [s.tokens[0] for s in autoregressive_generate_step(prompt, Pair.make(target), max_tokens=n)]
 
 
 class ScriptedDrafter(Drafter):

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from dflash2_mlx.bench import BenchRun, markdown, summarize, verdict
-from dflash2_mlx.suites import SUITES, builtin_prompts, read_prompts
-from dflash2_mlx.synthetic import write_target
+from dflash2_mlx.tools.bench import BenchRun, markdown, summarize, verdict
+from dflash2_mlx.tools.suites import SUITES, builtin_prompts, read_prompts
+from dflash2_mlx.tools.synthetic import write_target
 from helpers import drafter_folder, target_folder
 
 RUN_KEYS = {"suite", "prompt_index", "mode", "block_size", "repeat", "prompt_tokens", "generation_tokens",

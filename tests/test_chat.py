@@ -18,10 +18,11 @@ import time
 
 import pytest
 
-from dflash2_mlx.chat import ChatSession
+from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.text.chat_session import ChatSession
 from dflash2_mlx.cli import ui
 from dflash2_mlx.cli.chat import chat_loop, parse_command
-from dflash2_mlx.generate import stream_generate
+from dflash2_mlx.text.generate import stream_generate
 from helpers import drafter_folder, load_pair_for, target_folder
 
 MAX_TOKENS, BLOCK = 12, 4
@@ -36,13 +37,13 @@ def new_session(pair, **kw):
     target, tokenizer, drafter = pair
     kw.setdefault("max_tokens", MAX_TOKENS)
     kw.setdefault("block_size", BLOCK)
-    return ChatSession(target, tokenizer, drafter, system_prompt="Be brief.", **kw)
+    return ChatSession(Pair.make(target, drafter), tokenizer, system_prompt="Be brief.", **kw)
 
 
 def fresh_answer(pair, ids, drafter=True):
     """The same conversation ids decoded from scratch, no cache."""
     target, tokenizer, d = pair
-    return [r.token for r in stream_generate(target, tokenizer, list(ids), drafter=d if drafter else None,
+    return [r.token for r in stream_generate(Pair.make(target, d if drafter else None), tokenizer, list(ids),
                                              max_tokens=MAX_TOKENS, block_size=BLOCK if drafter else None)]
 
 
@@ -116,7 +117,7 @@ def test_three_turns_prefill_only_new_tokens(pair):
 
 def test_plain_decoding_session_caches_too(pair):
     target, tokenizer, _ = pair
-    session = ChatSession(target, tokenizer, None, max_tokens=MAX_TOKENS)
+    session = ChatSession(Pair.make(target), tokenizer, max_tokens=MAX_TOKENS)
     results, _ = drive(session, "Hello", "Again")
     assert results[1].reused_tokens == len(results[0].prompt_ids) + MAX_TOKENS
     assert list(results[1].tokens) == fresh_answer(pair, results[1].prompt_ids, drafter=False)
@@ -140,17 +141,17 @@ def test_engine_contract_second_turn_stop_inside_a_block(pair):
     """What the session relies on: a continuing call records its prompt's first
     token (the last one cached) once, and a stop inside a verified block on a
     later turn rewinds the caches to exactly the tokens returned."""
-    from dflash2_mlx.decode import DecodeCache
+    from dflash2_mlx.engine.decode import DecodeCache
 
     target, tokenizer, drafter = pair
     cache = DecodeCache(target.make_cache(), drafter.make_cache())
-    first = [r.token for r in stream_generate(target, tokenizer, [5, 9, 13, 2], drafter=drafter, max_tokens=10,
+    first = [r.token for r in stream_generate(Pair.make(target, drafter), tokenizer, [5, 9, 13, 2], max_tokens=10,
                                               prompt_cache=cache)]
     turn2 = [first[-1], 40, 41, 42]
-    full = [r.token for r in stream_generate(target, tokenizer, [5, 9, 13, 2] + first + turn2[1:],
-                                             drafter=drafter, max_tokens=30)]
+    full = [r.token for r in stream_generate(Pair.make(target, drafter), tokenizer, [5, 9, 13, 2] + first + turn2[1:],
+                                             max_tokens=30)]
     stop = tokenizer.decode(full[5:7])
-    out = [r.token for r in stream_generate(target, tokenizer, turn2, drafter=drafter, max_tokens=30,
+    out = [r.token for r in stream_generate(Pair.make(target, drafter), tokenizer, turn2, max_tokens=30,
                                             prompt_cache=cache, stop=[stop])]
     assert out == full[: len(out)] and len(out) < 30
     assert cache.tokens == [5, 9, 13, 2] + first + turn2[1:] + out
@@ -188,7 +189,7 @@ def test_interrupt_inside_a_verify_forward_is_repaired(pair):
     session.ask("Write a loop")
     target = session.target
     calls = []
-    real_call = type(target).__call__
+    real_call = type(target)._forward  # every target forward goes through it
 
     def flaky(self, tokens, cache, *a, **kw):
         out = real_call(self, tokens, cache, *a, **kw)
@@ -197,11 +198,11 @@ def test_interrupt_inside_a_verify_forward_is_repaired(pair):
             raise KeyboardInterrupt
         return out
 
-    type(target).__call__ = flaky
+    type(target)._forward = flaky
     try:
         cut = session.ask("Now make it faster")
     finally:
-        type(target).__call__ = real_call
+        type(target)._forward = real_call
     assert cut.interrupted and 0 < len(cut.tokens) < MAX_TOKENS
     assert_cache_consistent(session)
     nxt = session.ask("And explain it")
@@ -214,17 +215,17 @@ def test_interrupt_before_the_first_token_forgets_the_question(pair):
     session.ask("Write a loop")
     messages, tokens = list(session.messages), list(session.cache.tokens)
     target = session.target
-    real_call = type(target).__call__
+    real_call = type(target)._forward  # every target forward goes through it
 
     def boom(self, tokens_, cache, *a, **kw):
         real_call(self, tokens_, cache, *a, **kw)  # the prefill rows go in, then Ctrl-C
         raise KeyboardInterrupt
 
-    type(target).__call__ = boom
+    type(target)._forward = boom
     try:
         cut = session.ask("Now make it faster")
     finally:
-        type(target).__call__ = real_call
+        type(target)._forward = real_call
     assert cut.interrupted and cut.tokens == ()
     assert session.messages == messages and session.cache.tokens == tokens
     assert_cache_consistent(session)
@@ -268,7 +269,7 @@ class ForgetfulTemplateSession(ChatSession):
 
 def test_template_that_rerenders_history_falls_back_to_rewinding(pair):
     target, tokenizer, drafter = pair
-    session = ForgetfulTemplateSession(target, tokenizer, drafter, max_tokens=MAX_TOKENS, block_size=BLOCK)
+    session = ForgetfulTemplateSession(Pair.make(target, drafter), tokenizer, max_tokens=MAX_TOKENS, block_size=BLOCK)
     first = session.ask("Write a loop")
     second = session.ask("Now make it faster")
     assert second.rewound and 0 < second.reused_tokens < len(first.prompt_ids) + len(first.tokens)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash2_mlx.synthetic import write_target
+from dflash2_mlx.tools.synthetic import write_target
 from helpers import drafter_folder, target_folder
 
 PROMPT = "Write a loop"

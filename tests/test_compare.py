@@ -7,10 +7,11 @@ import json
 
 import pytest
 
+from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.cli import ui
-from dflash2_mlx.compare import ArmRun, Parity, compare, parity, replay_frame
-from dflash2_mlx.prompt import build_prompt
-from dflash2_mlx.stats import GenerationStats
+from dflash2_mlx.tools.compare import ArmRun, Parity, compare, parity, replay_frame
+from dflash2_mlx.text.prompt import build_prompt
+from dflash2_mlx.text.stats import GenerationStats
 from helpers import ScriptedDrafter, ar_tokens, drafter_folder, load_pair_for, target_folder
 
 SUMMARY_KEYS = {"decode_tps", "e2e_tps", "prompt_tps", "tokens", "prompt_s", "total_s", "target_passes",
@@ -86,7 +87,7 @@ def test_honest_schedule_and_acceptance():
     reference = ar_tokens(target, ids, N + 16)
     drafter = ScriptedDrafter(base, reference, len(ids), lambda c: c % B, target.vocab_size)
     events = []
-    result = compare(target, tokenizer, drafter, ids, max_tokens=N, block_size=B, repeats=3,
+    result = compare(Pair.make(target, drafter), tokenizer, ids, max_tokens=N, block_size=B, repeats=3,
                      on_arm=lambda phase, arm, i: events.append((phase, arm, i)))
     assert events == [("warmup", "ar", 0), ("warmup", "spec", 0), ("measure", "ar", 0), ("measure", "spec", 0),
                       ("measure", "spec", 1), ("measure", "ar", 1), ("measure", "ar", 2), ("measure", "spec", 2)]
@@ -137,7 +138,7 @@ def test_replay_is_a_pure_function_of_time():
 
 
 def test_panes_render_labelled_replay_with_coloured_drafts():
-    from dflash2_mlx.compare import Comparison
+    from dflash2_mlx.tools.compare import Comparison
 
     ar = fake_run("ar", [1, 2, 3, 4], [0.1, 0.2, 0.3, 0.4])
     spec = fake_run("dflash2", [1, 2, 3, 4], [0.1, 0.15, 0.15, 0.2], [False, True, False, False])

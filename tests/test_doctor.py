@@ -8,9 +8,9 @@ import json
 import pytest
 from mlx.utils import tree_flatten
 
-from dflash2_mlx import doctor as doc
+from dflash2_mlx.tools import doctor as doc
 from dflash2_mlx.cli import ui
-from dflash2_mlx.synthetic import drafter_config_dict, write_drafter, write_target
+from dflash2_mlx.tools.synthetic import drafter_config_dict, write_drafter, write_target
 from helpers import drafter_folder, target_config, target_folder
 
 
@@ -106,7 +106,7 @@ def test_saved_fp16_drafter_is_flagged(cli, tmp_path):
 
 
 def test_memory_estimate_comes_before_loading_and_is_right(monkeypatch):
-    from dflash2_mlx import loading
+    from dflash2_mlx.loading import checkpoints as loading
 
     loads = []
     real = loading.load_target
@@ -131,7 +131,7 @@ def test_memory_estimate_comes_before_loading_and_is_right(monkeypatch):
 
 
 def test_quantized_drafter_estimate_is_smaller():
-    from dflash2_mlx.quantize import DraftQuant
+    from dflash2_mlx.loading.quantize import DraftQuant
 
     folder = drafter_folder("qwen3", "dflash2")
     full = doc.weight_bytes(folder, 4)

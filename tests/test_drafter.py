@@ -4,12 +4,13 @@ conv, and a context cache that changes nothing but cost."""
 import mlx.core as mx
 import numpy as np
 
-from dflash2_mlx.config import DrafterConfig
-from dflash2_mlx.conv import two_tap_conv_ops
-from dflash2_mlx.drafter import Drafter
-from dflash2_mlx.propose import propose
-from dflash2_mlx.sampling import SamplingParams, make_logprobs_transform
-from dflash2_mlx.synthetic import drafter_config_dict, random_drafter
+from dflash2_mlx.engine.pair import declared_transform
+from dflash2_mlx.engine.config import DrafterConfig
+from dflash2_mlx.engine.conv import two_tap_conv_ops
+from dflash2_mlx.engine.drafter import Drafter
+from dflash2_mlx.engine.propose import propose
+from dflash2_mlx.engine.sampling import SamplingParams, make_logprobs_transform
+from dflash2_mlx.tools.synthetic import drafter_config_dict, random_drafter
 from helpers import load_pair_for, target_config
 
 H = 64
@@ -41,8 +42,8 @@ def test_identity_dflash2_equals_dflash():
     target, _, _ = load_pair_for("qwen3", "dflash2")
     logits = target.lm_head(h2[0, 1:])
     transform = make_logprobs_transform(SamplingParams())
-    p2 = propose(v2, logits, h2[0, 1:], 5, SamplingParams(), transform, mx.random.key(0))
-    p1 = propose(v1, logits, h1[0, 1:], 5, SamplingParams(), transform, mx.random.key(0))
+    p2 = propose(v2, logits, h2[0, 1:], 5, SamplingParams(), transform, mx.random.key(0), declared_transform(v2))
+    p1 = propose(v1, logits, h1[0, 1:], 5, SamplingParams(), transform, mx.random.key(0), declared_transform(v1))
     assert p1.draft.tolist() == p2.draft.tolist() == mx.argmax(logits, -1).tolist()
 
 

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import KVCache
 
-from dflash2_mlx.caches import WindowKVCache
-from dflash2_mlx.compat import compatibility_report, unary_transform
+from dflash2_mlx.engine.caches import WindowKVCache
+from dflash2_mlx.engine.pair import compatibility_report, selector_transform
 from dflash2_mlx.errors import UnsupportedModelError
-from dflash2_mlx.loading import load_target
-from dflash2_mlx.synthetic import drafter_config_dict, random_drafter, write_target
-from dflash2_mlx.target import Target, check_supported
+from dflash2_mlx.loading.checkpoints import load_target
+from dflash2_mlx.tools.synthetic import drafter_config_dict, random_drafter, write_target
+from dflash2_mlx.engine.target import Target, check_supported
 from helpers import (ScriptedDrafter, ar_tokens, assert_blocks_bitwise_single_steps,
                      assert_window_wrap_matches_uncached)
 from test_hybrid_targets import PROMPTS, _first_diff, spec
@@ -42,8 +42,11 @@ def target_folder(tie: bool) -> Path:
     return folder
 
 
-def load(tie: bool = False, layer_ids=(1, 2)) -> Target:
-    return load_target(str(target_folder(tie)), layer_ids=list(layer_ids))[0]
+LAYER_IDS = (1, 2)  # taps for the feature checks
+
+
+def load(tie: bool = False) -> Target:
+    return load_target(str(target_folder(tie)))[0]
 
 
 @lru_cache(maxsize=None)
@@ -80,7 +83,7 @@ def test_logits_equal_model_call_with_its_own_cache(tie):
     ref_cache, cache = target.model.make_cache(), target.make_cache()
     for chunk in (ids[:, :5], ids[:, 5:6], ids[:, 6:WINDOW]):
         ref = target.model(chunk, cache=ref_cache)
-        logits, feats = target(chunk, cache)
+        logits, feats = target(chunk, cache, LAYER_IDS)
         assert np.array_equal(np.array(ref), np.array(logits))
         assert feats.shape == (1, chunk.shape[1], 2 * HIDDEN)
     # One uncached forward over more than the window: bitwise too.
@@ -133,10 +136,10 @@ def test_embed_is_what_the_first_layer_receives(tie):
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_lm_head_is_the_models_head(tie):
-    target = load(tie, layer_ids=[target_num_layers() - 1])
+    target = load(tie)
     inner = target.model.model
     ids = mx.array([[4, 8, 15, 16, 23, 42]])
-    logits, feats = target(ids, target.make_cache())
+    logits, feats = target(ids, target.make_cache(), [target_num_layers() - 1])
     assert np.array_equal(np.array(target.lm_head(inner.norm(feats))), np.array(logits))
     hidden = inner.norm(feats)
     plain = inner.embed_tokens.as_linear(hidden) if tie else target.model.lm_head(hidden)
@@ -162,7 +165,7 @@ def test_dflash2_drafter_is_compatible_and_keeps_its_declared_transform():
     d = random_drafter(drafter_config_dict(config, "dflash2", block_size=16,
                                            output_multiplier=0.5, final_logit_softcapping=30.0), seed=1)
     assert all(c.ok for c in compatibility_report(d, target)), compatibility_report(d, target)
-    assert unary_transform(d, target) == (0.5, 30.0)
+    assert selector_transform(d, target) == (0.5, 30.0)
 
 
 # -- greedy parity --------------------------------------------------------------------------

@@ -12,13 +12,14 @@ import shutil
 import mlx.core as mx
 import pytest
 
-from dflash2_mlx.decode import speculative_generate_step
+from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.decode import speculative_generate_step
 from dflash2_mlx.errors import DFlashError
-from dflash2_mlx.generate import stream_generate
-from dflash2_mlx.loading import load_target
-from dflash2_mlx.sampling import SamplingParams
-from dflash2_mlx.synthetic import EOS, write_tokenizer
-from dflash2_mlx.target import Target
+from dflash2_mlx.text.generate import stream_generate
+from dflash2_mlx.loading.checkpoints import load_target
+from dflash2_mlx.engine.sampling import SamplingParams
+from dflash2_mlx.tools.synthetic import EOS, write_tokenizer
+from dflash2_mlx.engine.target import Target
 from helpers import ScriptedDrafter, ar_tokens, load_pair_for, target_folder
 
 EOS_ID = 0
@@ -43,12 +44,12 @@ class ScriptedTarget(Target):
     make `script` the greedy continuation of any prompt of `prompt_len` tokens."""
 
     def __init__(self, base: Target, prompt_len: int, script):
-        super().__init__(base.model, base.layer_ids)
+        super().__init__(base.model)
         self.prompt_len, self.script = prompt_len, list(script)
 
-    def __call__(self, tokens, cache, capture=True, last_logits_only=False):
+    def _forward(self, tokens, cache, layer_ids, last_logits_only, record):
         start = cache[0].offset
-        _, features = super().__call__(tokens, cache, capture, last_logits_only)
+        _, features = super()._forward(tokens, cache, layer_ids, last_logits_only, record)
         L = tokens.shape[1]
         rows = [start + L - 1] if last_logits_only else list(range(start, start + L))
         # The row at absolute position p predicts the token at p + 1.
@@ -63,8 +64,8 @@ def never(cycle):  # a ScriptedDrafter schedule that corrupts nothing
     return 1 << 30
 
 
-def run(target, tokenizer, prompt, **kw):
-    return list(stream_generate(target, tokenizer, prompt, **kw))
+def run(target, tokenizer, prompt, drafter=None, **kw):
+    return list(stream_generate(Pair.make(target, drafter), tokenizer, prompt, **kw))
 
 
 def joined(responses):
@@ -151,7 +152,7 @@ def tokenizers(pair, tmp_path_factory):
             write_tokenizer(folder, 382, NON_ASCII_CORPUS + CODE)
         else:
             _spm_tokenizer(folder)
-        out[name] = load_target(str(folder), layer_ids=drafter.config.target_layer_ids)[1]
+        out[name] = load_target(str(folder))[1]
     return out
 
 
@@ -247,7 +248,7 @@ def test_acceptance_stats_match_decode_steps(pair, B, n, schedule):
     prompt = [5, 80, 81, 200]
     reference = ar_tokens(target, prompt, n + 16)
     make = lambda: ScriptedDrafter(base, reference, len(prompt), schedule, target.vocab_size)
-    steps = list(speculative_generate_step(prompt, target, make(), max_tokens=n, block_size=B))
+    steps = list(speculative_generate_step(prompt, Pair.make(target, make()), max_tokens=n, block_size=B))
     rs = run(target, tok, prompt, drafter=make(), max_tokens=n, block_size=B)
     assert token_ids(rs) == [t for s in steps for t in s.tokens] == reference[:n]
     assert [r.from_draft for r in rs] == [f for s in steps for f in s.from_draft]

@@ -17,13 +17,14 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from dflash2_mlx.caches import RecurrentCache, WindowKVCache
-from dflash2_mlx.compat import compatibility_report, unary_transform
-from dflash2_mlx.decode import DecodeCache, autoregressive_generate_step, speculative_generate_step
+from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.caches import RecurrentCache, WindowKVCache
+from dflash2_mlx.engine.pair import compatibility_report, selector_transform
+from dflash2_mlx.engine.decode import DecodeCache, autoregressive_generate_step, speculative_generate_step
 from dflash2_mlx.errors import UnsupportedModelError
-from dflash2_mlx.loading import load_target
-from dflash2_mlx.synthetic import drafter_config_dict, random_drafter, write_target
-from dflash2_mlx.target import Target, check_supported
+from dflash2_mlx.loading.checkpoints import load_target
+from dflash2_mlx.tools.synthetic import drafter_config_dict, random_drafter, write_target
+from dflash2_mlx.engine.target import Target, check_supported
 from helpers import (ScriptedDrafter, ar_tokens, assert_blocks_bitwise_single_steps,
                      assert_window_wrap_matches_uncached)
 
@@ -56,8 +57,11 @@ def target_folder(family: str) -> Path:
     return folder
 
 
-def load(family: str, layer_ids=(1, 2)) -> Target:
-    return load_target(str(target_folder(family)), layer_ids=list(layer_ids))[0]
+LAYER_IDS = (1, 2)  # taps for the feature checks
+
+
+def load(family: str) -> Target:
+    return load_target(str(target_folder(family)))[0]
 
 
 def fresh_drafter(family: str, kind: str = "dflash", **dflash):
@@ -71,7 +75,7 @@ def drafter(family: str, kind: str = "dflash"):
 
 
 def spec(target, drafter, prompt, B, n, **kw):
-    steps = list(speculative_generate_step(prompt, target, drafter, max_tokens=n, block_size=B, **kw))
+    steps = list(speculative_generate_step(prompt, Pair.make(target, drafter), max_tokens=n, block_size=B, **kw))
     return [t for s in steps for t in s.tokens], steps
 
 
@@ -106,7 +110,7 @@ def test_logits_equal_model_call_with_its_own_cache(family):
     ref_cache, cache = target.model.make_cache(), target.make_cache()
     for chunk in (ids[:, :5], ids[:, 5:6], ids[:, 6:stop]):
         ref = target.model(chunk, cache=ref_cache)
-        logits, feats = target(chunk, cache)
+        logits, feats = target(chunk, cache, LAYER_IDS)
         assert np.array_equal(np.array(ref), np.array(logits))
         assert feats.shape == (1, chunk.shape[1], 2 * target.hidden_size)
 
@@ -147,14 +151,14 @@ def test_gated_delta_recurrence_chunk_equals_steps():
 
 
 def test_muse_glimmer_embed_and_head_are_the_models():
-    target = load("muse_glimmer", layer_ids=[3])
+    target = load("muse_glimmer")
     inner = target.model.model
     ids = mx.array([[4, 8, 15, 16, 23, 42]])
     emb = target.embed(ids)
     # What the first layer receives: the scaleless-RMS-normed embedding.
     assert np.array_equal(np.array(emb), np.array(mx.fast.rms_norm(inner.embed_tokens(ids), None, inner.embed_eps)))
     assert not np.allclose(np.array(emb), np.array(inner.embed_tokens(ids)))
-    logits, feats = target(ids, target.make_cache())
+    logits, feats = target(ids, target.make_cache(), [3])
     assert np.array_equal(np.array(target.lm_head(inner.norm(feats))), np.array(logits))
     assert np.array_equal(np.array(logits), np.array(target.model(ids)))
     assert float(mx.abs(logits).max()) < target.args.final_logit_softcapping
@@ -167,26 +171,26 @@ def test_selector_unary_transform_is_applied_once():
     target = load("muse_glimmer")
     multiplier, cap = target.logit_transform
     d = fresh_drafter("muse_glimmer", "dflash2", output_multiplier=multiplier, final_logit_softcapping=cap)
-    assert unary_transform(d, target) == (1.0, None)
+    assert selector_transform(d, target) == (1.0, None)
     assert [c.ok for c in compatibility_report(d, target) if c.name == "logit_transform"] == [True]
     # Declared values that are neither the target's nor identity are refused.
     d = fresh_drafter("muse_glimmer", "dflash2", output_multiplier=0.5, final_logit_softcapping=cap)
     assert [c.ok for c in compatibility_report(d, target) if c.name == "logit_transform"] == [False]
     # A target with plain logits: the declared transform is the selector's to apply.
     d = fresh_drafter("qwen3_5", "dflash2", output_multiplier=0.5, final_logit_softcapping=30.0)
-    assert unary_transform(d, load("qwen3_5")) == (0.5, 30.0)
+    assert selector_transform(d, load("qwen3_5")) == (0.5, 30.0)
 
 
 def test_propose_unary_is_the_targets_final_logits():
-    from dflash2_mlx.propose import selector_inputs
-    from dflash2_mlx.selector import top_k_candidates
+    from dflash2_mlx.engine.propose import selector_inputs
+    from dflash2_mlx.engine.selector import top_k_candidates
 
     target = load("muse_glimmer")
     multiplier, cap = target.logit_transform
     d = fresh_drafter("muse_glimmer", "dflash2", output_multiplier=multiplier, final_logit_softcapping=cap)
     hidden = mx.random.normal((3, target.hidden_size))
     logits = target.lm_head(hidden)
-    unary, cand, _, _ = selector_inputs(d, logits, hidden, anchor=5, unary=unary_transform(d, target))
+    unary, cand, _, _ = selector_inputs(d, logits, hidden, anchor=5, selector_transform=selector_transform(d, target))
     values, idx = top_k_candidates(logits, d.config.selector_top_k)
     assert np.array_equal(np.array(cand), np.array(idx))
     assert np.array_equal(np.array(unary), np.array(values))
@@ -246,20 +250,20 @@ def test_generation_continues_from_a_closed_cache(family):
     prompt = PROMPTS["medium"]
     reference = ar_tokens(target, prompt, 60)
     cache = DecodeCache(target.make_cache())
-    steps = autoregressive_generate_step(prompt, target, max_tokens=100, prompt_cache=cache)
+    steps = autoregressive_generate_step(prompt, Pair.make(target), max_tokens=100, prompt_cache=cache)
     out = [next(steps).tokens[0] for _ in range(25)]
     steps.close()  # with the next token already computed (the look-ahead)
     assert cache.offset == len(cache.tokens) - 1
-    more = autoregressive_generate_step([out[-1]], target, max_tokens=35, prompt_cache=cache)
+    more = autoregressive_generate_step([out[-1]], Pair.make(target), max_tokens=35, prompt_cache=cache)
     assert out + [s.tokens[0] for s in more] == reference[:60]
 
     d = drafter(family)
     cache = DecodeCache(target.make_cache(), d.make_cache())
-    steps = speculative_generate_step(prompt, target, d, max_tokens=100, block_size=6, prompt_cache=cache)
+    steps = speculative_generate_step(prompt, Pair.make(target, d), max_tokens=100, block_size=6, prompt_cache=cache)
     out = [t for _ in range(8) for t in next(steps).tokens]
     steps.close()
     assert cache.offset == len(cache.tokens) - 1
-    more = speculative_generate_step([out[-1]], target, d, max_tokens=60 - len(out), block_size=6,
+    more = speculative_generate_step([out[-1]], Pair.make(target, d), max_tokens=60 - len(out), block_size=6,
                                      prompt_cache=cache)
     assert out + [t for s in more for t in s.tokens] == reference[:60]
 
@@ -275,15 +279,15 @@ def test_recurrent_snapshot_bytes_match_the_formula():
     cache = target.make_cache()
     target(mx.array([[1, 2, 3, 4, 5]]), cache)
     L = 6
-    snap = target.snapshot(cache)
-    target(mx.array([list(range(10, 10 + L))]), cache)
+    _, _, undo = target.forward_undoable(mx.array([list(range(10, 10 + L))]), cache)
+    snap = undo.snapshot
     n_rec = sum(isinstance(c, RecurrentCache) for c in cache)
     b = mx.float32.size
     conv_dim = 2 * args.linear_num_key_heads * args.linear_key_head_dim + args.linear_num_value_heads * args.linear_value_head_dim
     state = args.linear_num_value_heads * args.linear_value_head_dim * args.linear_key_head_dim * 4
     expected = n_rec * ((args.linear_conv_kernel_dim - 1) * conv_dim * b + state + L * args.hidden_size * b)
     assert snap.nbytes == expected
-    target.rollback(cache, snap, mx.zeros((1, L), mx.int32), keep=2)
+    target.rollback(cache, undo, keep=2)
     assert all(c.offset == 7 for c in cache)
 
 
@@ -335,7 +339,7 @@ SAMPLING_PROMPT = [1, 5, 2, 7, 3, 6, 4, 1]  # longer than the window below: roll
 def _tiny_sampling_pair(family: str):
     """A V=8 target (window 4, ring room 3 rows) and a DFlash 2 drafter for it."""
     from mlx_lm.utils import _get_classes
-    from dflash2_mlx.synthetic import target_config
+    from dflash2_mlx.tools.synthetic import target_config
     from test_sampling import V, tiny_drafter
 
     extra = dict(tie_word_embeddings=False, sliding_window=4,
@@ -343,19 +347,19 @@ def _tiny_sampling_pair(family: str):
     cfg = target_config(family, vocab_size=V, hidden_size=32, num_hidden_layers=2, **extra)
     model_cls, args_cls = _get_classes(cfg)
     mx.random.seed(7)
-    target = Target(model_cls(args_cls.from_dict(cfg)), layer_ids=[0, 1], max_block=3)
+    target = Target(model_cls(args_cls.from_dict(cfg)), max_block=4)  # the drafter block size: the ring still wraps
     return target, tiny_drafter(cfg, "dflash2")
 
 
 def _exact_distribution(target, sampling):
     """P(first three generated tokens) enumerated from the target (V^3 cells)."""
-    from dflash2_mlx.sampling import make_logprobs_transform
+    from dflash2_mlx.engine.sampling import make_logprobs_transform
     from test_sampling import V
 
     transform = make_logprobs_transform(sampling)
 
     def probs(prefix):
-        logits, _ = target(mx.array([SAMPLING_PROMPT + list(prefix)]), target.make_cache(), capture=False)
+        logits, _ = target(mx.array([SAMPLING_PROMPT + list(prefix)]), target.make_cache())
         return np.array(mx.softmax(transform(logits[0, -1]), axis=-1))
 
     table, p1 = {}, probs(())
@@ -373,7 +377,7 @@ def _exact_distribution(target, sampling):
 def test_sampling_matches_target_distribution(family):
     """Chi-square at ALPHA against the enumerated distribution (test_sampling's
     method), through recurrent snapshots / a wrapped ring and rejections."""
-    from dflash2_mlx.sampling import SamplingParams
+    from dflash2_mlx.engine.sampling import SamplingParams
     from test_sampling import ALPHA, gof_pvalue, sample_counts
 
     target, d = _tiny_sampling_pair(family)
@@ -383,7 +387,7 @@ def test_sampling_matches_target_distribution(family):
 
     def gen(seed):
         s = SamplingParams(temperature=1.0, seed=seed)
-        return speculative_generate_step(SAMPLING_PROMPT, target, d, max_tokens=3, block_size=3, sampling=s)
+        return speculative_generate_step(SAMPLING_PROMPT, Pair.make(target, d), max_tokens=3, block_size=3, sampling=s)
 
     p = gof_pvalue(sample_counts(gen, n), table, n)
     print(f"{family}: chi-square p = {p:.3g}")

@@ -15,9 +15,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from dflash2_mlx import kernels, metal_kernels
+from dflash2_mlx.engine import conv as conv_op
+from dflash2_mlx.engine import selector as selector_op
+from dflash2_mlx.kernels import metal as metal_kernels
+from dflash2_mlx.kernels import registry as kernels
 from dflash2_mlx.metal import read_body
-from dflash2_mlx.selector import path_select_ops
+from dflash2_mlx.engine.selector import path_select_ops
 
 # ~20 s here, nearly all of it g++ (about 1 s per distinct kernel source).
 pytestmark = [
@@ -227,8 +230,8 @@ def test_self_check_problem_is_decisive():
 
 
 def test_build_kernel_passes_self_check(harness, recwarn):
-    assert callable(metal_kernels.build_kernel("two_tap_conv", harness.metal_kernel))
-    assert callable(metal_kernels.build_kernel("path_select", harness.metal_kernel))
+    assert callable(metal_kernels.build_kernel("two_tap_conv", harness.metal_kernel, conv_op.agrees_with_twin))
+    assert callable(metal_kernels.build_kernel("path_select", harness.metal_kernel, selector_op.agrees_with_twin))
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
 
 
@@ -285,7 +288,7 @@ def test_self_check_rejects_a_broken_kernel(harness):
     # The builder's own check must catch a wrong kernel and fall back, warning once.
     factory = mutated(harness, "t > 0 ?", "t > 1 ?")
     with pytest.warns(RuntimeWarning, match="two_tap_conv") as caught:
-        assert metal_kernels.build_kernel("two_tap_conv", factory) is None
+        assert metal_kernels.build_kernel("two_tap_conv", factory, conv_op.agrees_with_twin) is None
     assert len(caught) == 1
 
 

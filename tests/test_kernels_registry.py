@@ -6,7 +6,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from dflash2_mlx import conv, kernels, metal_kernels
+from dflash2_mlx.engine import conv, selector  # noqa: F401  (registers both kernels)
+from dflash2_mlx.kernels import metal as metal_kernels
+from dflash2_mlx.kernels import registry as kernels
 from dflash2_mlx.metal import read_body
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +40,7 @@ def test_active_matches_the_backend(fresh_registry):
 
 
 def test_disabled_kernels_are_never_built(fresh_registry, monkeypatch):
-    monkeypatch.setattr(metal_kernels, "_backend", lambda: pytest.fail("builder ran while disabled"))
+    monkeypatch.setattr(metal_kernels, "gpu_backend", lambda: pytest.fail("builder ran while disabled"))
     kernels.set_kernels_enabled(False)
     assert kernels.active("two_tap_conv") is None
 
@@ -48,7 +50,7 @@ def test_failing_build_warns_once_and_falls_back(fresh_registry, monkeypatch):
     def broken_factory(**kwargs):
         raise RuntimeError("no Metal compiler")
 
-    monkeypatch.setattr(metal_kernels, "_backend", lambda: (broken_factory, ""))
+    monkeypatch.setattr(metal_kernels, "gpu_backend", lambda: (broken_factory, ""))
     with pytest.warns(RuntimeWarning, match="two_tap_conv.*no Metal compiler") as caught:
         assert kernels.active("two_tap_conv") is None
         assert kernels.active("two_tap_conv") is None  # cached: no second warning
@@ -65,7 +67,7 @@ def test_failing_first_call_warns_once(fresh_registry, monkeypatch):
             raise RuntimeError("Unable to build metal library")
         return kernel
 
-    monkeypatch.setattr(metal_kernels, "_backend", lambda: (factory, ""))
+    monkeypatch.setattr(metal_kernels, "gpu_backend", lambda: (factory, ""))
     with pytest.warns(RuntimeWarning, match="path_select") as caught:
         assert kernels.active("path_select") is None
     assert len(caught) == 1

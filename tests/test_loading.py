@@ -14,9 +14,9 @@ import pytest
 from mlx.utils import tree_flatten
 
 from conftest import TINY_TARGET, released_config, released_header, scaled_released_config
-from dflash2_mlx.compat import check_compatibility, compatibility_report
-from dflash2_mlx.config import DrafterConfig, default_target_layer_ids
-from dflash2_mlx.drafter import Drafter
+from dflash2_mlx.engine.pair import Pair, compatibility_report
+from dflash2_mlx.engine.config import DrafterConfig, default_target_layer_ids
+from dflash2_mlx.engine.drafter import Drafter
 from dflash2_mlx.errors import (
     CheckpointError,
     ConfigError,
@@ -24,8 +24,9 @@ from dflash2_mlx.errors import (
     IncompatibleError,
     UnsupportedModelError,
 )
-from dflash2_mlx.loading import check_weights, load_drafter, load_pair, load_target, sanitize_drafter_weights
-from dflash2_mlx.synthetic import TARGET_CONFIGS, write_target
+from dflash2_mlx.loading.checkpoints import check_weights, load_drafter, load_target, sanitize_drafter_weights
+from dflash2_mlx.loading.load_pair import load_pair
+from dflash2_mlx.tools.synthetic import TARGET_CONFIGS, write_target
 from dflash2_mlx.train.export import released_weights
 
 WEIGHTS = "model.safetensors"
@@ -332,7 +333,7 @@ def test_target_passed_as_drafter_refused(tiny_target_dir, copy_ckpt):
 _OFFLINE_SCRIPT = """
 import json
 from dflash2_mlx.errors import CheckpointError
-from dflash2_mlx.loading import load_drafter, load_target
+from dflash2_mlx.loading.checkpoints import load_drafter, load_target
 out = {}
 for what, load in (("drafter", load_drafter), ("target", load_target)):
     try:
@@ -364,9 +365,10 @@ def test_hub_repo_offline_with_empty_cache(tmp_path):
 
 def test_pair_loads(tiny_target_dir, drafter_ckpt):
     for kind in ("dflash", "dflash2"):
-        target, tokenizer, drafter = load_pair(str(tiny_target_dir), str(drafter_ckpt(kind)))
+        pair, tokenizer = load_pair(str(tiny_target_dir), str(drafter_ckpt(kind)))
+        target, drafter = pair.target, pair.drafter
         assert drafter.config.kind == kind
-        assert target.layer_ids == drafter.config.target_layer_ids
+        assert list(pair.layer_ids) == drafter.config.target_layer_ids
         assert all(check.ok for check in compatibility_report(drafter, target))
         assert tokenizer.encode("hello world")
 
@@ -376,9 +378,9 @@ def test_pair_without_ids_uses_default_formula(tiny_target_dir, scaled_config, t
     del cfg["dflash_config"]["target_layer_ids"]
     del cfg["num_target_layers"]
     folder = write_drafter_with(tmp_path / "drafter", cfg, fc_in_features=5 * cfg["hidden_size"])
-    target, _, drafter = load_pair(str(tiny_target_dir), str(folder))
-    assert drafter.config.target_layer_ids is None
-    assert target.layer_ids == default_target_layer_ids(TINY_TARGET["num_hidden_layers"], 5)
+    pair, _ = load_pair(str(tiny_target_dir), str(folder))
+    assert pair.drafter.config.target_layer_ids is None
+    assert list(pair.layer_ids) == default_target_layer_ids(TINY_TARGET["num_hidden_layers"], 5)
 
 
 def _other_target(**dims) -> dict:
@@ -427,7 +429,7 @@ def test_incompatible_pair_refused(variant, tiny_target_dir, tmp_path):
     failing = [c for c in compatibility_report(drafter, target) if not c.ok]
     assert failing and f"incompatible pair: {failing[0].message}" == message
     with pytest.raises(IncompatibleError):
-        check_compatibility(drafter, target)
+        Pair.make(target, drafter)
 
 
 def test_incompatibility_messages_are_distinct():
@@ -442,7 +444,7 @@ def test_incompatibility_messages_are_distinct():
 def test_every_target_family_loads(family, tmp_path):
     folder = write_target(tmp_path / family, family, dtype=mx.bfloat16, num_hidden_layers=4)
     written = read_weights(folder)
-    target, tokenizer = load_target(str(folder), layer_ids=[1, 2])
+    target, tokenizer = load_target(str(folder))
     assert target.model_type == family
     assert (target.num_layers, target.hidden_size, target.vocab_size) == (4, 64, 384)
     assert target.activation_dtype == mx.float32  # bf16 file, fp32 compute on CPU
@@ -453,7 +455,7 @@ def test_every_target_family_loads(family, tmp_path):
         assert mx.array_equal(params[name], value.astype(mx.float32)).item(), name
     tokens = mx.array([tokenizer.encode("def f(x):\n    return x + 1\n")])
     L = tokens.shape[1]
-    logits, features = target(tokens, target.make_cache())
+    logits, features = target(tokens, target.make_cache(), [1, 2])
     assert logits.shape == (1, L, 384) and logits.dtype == mx.float32
     assert features.shape == (1, L, 2 * 64)
     assert mx.array_equal(logits, target.model(tokens)).item()
@@ -469,7 +471,7 @@ def test_4bit_target_keeps_packed_weights(tmp_path):
     config = json.loads((folder / "config.json").read_text())
     assert config["quantization"]["bits"] == 4
     written = read_weights(folder)
-    target, tokenizer = load_target(str(folder), layer_ids=[1, 2])
+    target, tokenizer = load_target(str(folder))
     inner = target.model.model
     linears = [m for _, m in inner.named_modules() if isinstance(m, (nn.Linear, nn.QuantizedLinear))]
     assert linears and all(isinstance(m, nn.QuantizedLinear) and m.bits == 4 for m in linears)
@@ -480,7 +482,7 @@ def test_4bit_target_keeps_packed_weights(tmp_path):
     assert q.scales.dtype == mx.float32  # bf16 scales in the file, fp32 in memory
     assert target.activation_dtype == mx.float32
     tokens = mx.array([tokenizer.encode("x = 1")])
-    logits, features = target(tokens, target.make_cache())
+    logits, features = target(tokens, target.make_cache(), [1, 2])
     assert logits.dtype == mx.float32 and features.dtype == mx.float32
     assert mx.isfinite(logits).all().item()
 

@@ -6,7 +6,8 @@ by one (platform.md), so equality is asserted exactly.
 
 import pytest
 
-from dflash2_mlx.decode import speculative_generate_step
+from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.decode import speculative_generate_step
 from helpers import FAMILIES, ScriptedDrafter, ar_tokens, load_pair_for
 
 PROMPTS = {"short": [5], "medium": [17, 42, 99, 7, 250, 3, 61], "long": list(range(20, 120, 3))}
@@ -14,7 +15,7 @@ N = 40
 
 
 def spec(target, drafter, prompt, B, n=N, **kw):
-    steps = list(speculative_generate_step(prompt, target, drafter, max_tokens=n, block_size=B, **kw))
+    steps = list(speculative_generate_step(prompt, Pair.make(target, drafter), max_tokens=n, block_size=B, **kw))
     return [t for s in steps for t in s.tokens], steps
 
 
@@ -62,7 +63,7 @@ def test_quantized_target_parity():
 
 
 def test_quantized_drafter_parity():
-    from dflash2_mlx.quantize import DraftQuant, quantize_drafter
+    from dflash2_mlx.loading.quantize import DraftQuant, quantize_drafter
 
     target, _, drafter = load_pair_for("qwen3", "dflash2")
     quantize_drafter(drafter, DraftQuant.parse("w4a32:gs32"))

@@ -4,13 +4,14 @@ whole history, including when the first answer ended inside a verified block."""
 
 import pytest
 
-from dflash2_mlx.decode import DecodeCache
-from dflash2_mlx.generate import stream_generate
+from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.decode import DecodeCache
+from dflash2_mlx.text.generate import stream_generate
 from helpers import load_pair_for
 
 
 def run(target, tokenizer, ids, drafter, cache=None, **kw):
-    rs = list(stream_generate(target, tokenizer, ids, drafter=drafter, prompt_cache=cache, **kw))
+    rs = list(stream_generate(Pair.make(target, drafter), tokenizer, ids, prompt_cache=cache, **kw))
     return [r.token for r in rs], rs[-1]
 
 

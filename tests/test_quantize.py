@@ -12,10 +12,11 @@ import pytest
 from mlx.utils import tree_flatten
 
 from conftest import hash_tree
-from dflash2_mlx.compat import check_compatibility
+from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.errors import DFlashError
-from dflash2_mlx.loading import load_drafter, load_pair
-from dflash2_mlx.quantize import CODEBOOK_MIN_BITS, DraftQuant, quantize_drafter, save_quantized_drafter
+from dflash2_mlx.loading.checkpoints import load_drafter
+from dflash2_mlx.loading.load_pair import load_pair
+from dflash2_mlx.loading.quantize import CODEBOOK_MIN_BITS, DraftQuant, quantize_drafter, save_quantized_drafter
 
 # -- the spec string ---------------------------------------------------------------
 
@@ -211,9 +212,10 @@ def _umask() -> int:
 
 
 def test_quantized_pair_passes_compatibility(tiny_target_dir, drafter_ckpt):
-    target, _, drafter = load_pair(str(tiny_target_dir), str(drafter_ckpt("dflash2")), draft_quant="w4a32:gs32")
+    pair, _ = load_pair(str(tiny_target_dir), str(drafter_ckpt("dflash2")), draft_quant="w4a32:gs32")
+    target, drafter = pair.target, pair.drafter
     assert isinstance(drafter.fc, nn.QuantizedLinear) and drafter.fc.bits == 4
-    check_compatibility(drafter, target)  # the packed fc still reads n_taps x hidden columns
+    Pair.make(target, drafter)  # the packed fc still reads n_taps x hidden columns
 
 
 def test_load_pair_refuses_bad_quant_before_loading(tmp_path):
@@ -302,8 +304,8 @@ _FULL_DISK_SCRIPT = """
 import json, resource, signal, sys
 from pathlib import Path
 from dflash2_mlx.errors import DFlashError
-from dflash2_mlx.loading import load_drafter
-from dflash2_mlx.quantize import DraftQuant, quantize_drafter, save_quantized_drafter
+from dflash2_mlx.loading.checkpoints import load_drafter
+from dflash2_mlx.loading.quantize import DraftQuant, quantize_drafter, save_quantized_drafter
 src, out = Path(sys.argv[1]), Path(sys.argv[2])
 q = DraftQuant.parse("w8a32")
 drafter = load_drafter(str(src))

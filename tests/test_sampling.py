@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-import dflash2_mlx.decode as decode
-from dflash2_mlx.decode import autoregressive_generate_step, speculative_generate_step
-from dflash2_mlx.sampling import SamplingParams, make_logprobs_transform
-from dflash2_mlx.synthetic import drafter_config_dict, random_drafter, target_config
-from dflash2_mlx.target import Target
+import dflash2_mlx.engine.decode as decode
+from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.decode import autoregressive_generate_step, speculative_generate_step
+from dflash2_mlx.engine.sampling import SamplingParams, make_logprobs_transform
+from dflash2_mlx.tools.synthetic import drafter_config_dict, random_drafter, target_config
+from dflash2_mlx.engine.target import Target
 
 ALPHA = 1e-3
 V, PROMPT, N_SAMPLES = 8, [1, 5, 2], 1500
@@ -30,7 +31,7 @@ def tiny_target():
     model_cls, args_cls = _get_classes(cfg)
     mx.random.seed(7)
     model = model_cls(args_cls.from_dict(cfg))
-    return Target(model, layer_ids=[0, 1]), cfg
+    return Target(model), cfg
 
 
 def tiny_drafter(cfg, kind):
@@ -43,7 +44,7 @@ def exact_distribution(target, sampling):
     transform = make_logprobs_transform(sampling)
 
     def probs(prefix):
-        logits, _ = target(mx.array([PROMPT + list(prefix)]), target.make_cache(), capture=False)
+        logits, _ = target(mx.array([PROMPT + list(prefix)]), target.make_cache())
         return np.array(mx.softmax(transform(logits[0, -1]), axis=-1))
 
     p1 = probs(())
@@ -97,7 +98,7 @@ def pair():
 def _spec(target, drafter, settings, B=3):
     def gen(seed):
         s = SamplingParams(settings.temperature, settings.top_p, settings.top_k, settings.min_p, seed)
-        return speculative_generate_step(PROMPT, target, drafter, max_tokens=3, block_size=B, sampling=s)
+        return speculative_generate_step(PROMPT, Pair.make(target, drafter), max_tokens=3, block_size=B, sampling=s)
     return gen
 
 
@@ -122,7 +123,7 @@ def test_dflash_v1_sampling_and_ar_match_target_distribution(pair):
 
     def ar(seed):
         s = SamplingParams(temperature=1.0, seed=seed)
-        return autoregressive_generate_step(PROMPT, target, max_tokens=3, sampling=s)
+        return autoregressive_generate_step(PROMPT, Pair.make(target), max_tokens=3, sampling=s)
     p = gof_pvalue(sample_counts(ar), table)
     print(f"autoregressive: chi-square p = {p:.3g}")
     assert p > ALPHA, f"autoregressive: chi-square p = {p:.2e}"

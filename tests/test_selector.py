@@ -4,11 +4,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from dflash2_mlx.selector import (
+from dflash2_mlx.engine.logit_transform import LogitTransform, apply_logit_transform
+from dflash2_mlx.engine.selector import (
     path_select_ops,
     score_lattice,
     top_k_candidates,
-    transform_unary,
     walk_greedy,
     walk_sampled,
 )
@@ -64,8 +64,8 @@ def test_top_k_order_and_boundary_ties(seed):
 
 def test_unary_transform():
     v = mx.array([[40.0, 1.0, -40.0]])
-    assert np.allclose(transform_unary(v, 0.5, None), [[20.0, 0.5, -20.0]])
-    capped = np.array(transform_unary(v, 1.0, 20.0))
+    assert np.allclose(apply_logit_transform(v, LogitTransform(0.5, None)), [[20.0, 0.5, -20.0]])
+    capped = np.array(apply_logit_transform(v, LogitTransform(1.0, 20.0)))
     assert np.allclose(capped, 20.0 * np.tanh(np.array([[40.0, 1.0, -40.0]]) / 20.0), atol=1e-5)
 
 

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
+from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.errors import DFlashError
-from dflash2_mlx.loading import load_pair
+from dflash2_mlx.loading.load_pair import load_pair
 from dflash2_mlx.train.setup import prepare
 from dflash2_mlx.train.trainer import EvalEvent, StepEvent, TrainConfig, read_metrics
 from helpers import ar_tokens, drafter_folder, target_folder
@@ -136,10 +137,11 @@ def test_export_is_a_released_checkpoint_with_parity(tmp_path):
     assert config["architectures"] == ["DFlash2DraftModel"] and config["dflash_config"]["block_size"] == 8
     names = set(mx.load(str(folder / "model.safetensors")))
     assert "candidate_selector.predecessor_codebook" in names and "fc.weight" in names
-    target, _, drafter = load_pair(str(target_folder("qwen3")), str(folder))
-    from dflash2_mlx.decode import speculative_generate_step
+    pair, _ = load_pair(str(target_folder("qwen3")), str(folder))
+    target, drafter = pair.target, pair.drafter
+    from dflash2_mlx.engine.decode import speculative_generate_step
 
-    out = [x for s in speculative_generate_step([5, 6, 7], target, drafter, max_tokens=30) for x in s.tokens]
+    out = [x for s in speculative_generate_step([5, 6, 7], Pair.make(target, drafter), max_tokens=30) for x in s.tokens]
     assert out == ar_tokens(target, [5, 6, 7], 30)
 
 
@@ -150,7 +152,7 @@ def test_bad_input_is_one_clear_error(tmp_path, case):
         with pytest.raises(DFlashError, match="empty"):
             prepare(str(target_folder("qwen3")), [str(tmp_path / "empty.txt")], tmp_path / "o", **SMALL)
     elif case == "foreign-drafter":
-        from dflash2_mlx.synthetic import drafter_config_dict, write_drafter, target_config
+        from dflash2_mlx.tools.synthetic import drafter_config_dict, write_drafter, target_config
 
         other = target_config("qwen3", hidden_size=32)
         write_drafter(tmp_path / "foreign", drafter_config_dict(other, "dflash"))

@@ -7,7 +7,7 @@ from .packing import PackedContext
 
 def target_features(target, tokens: mx.array, layer_ids: list[int]) -> mx.array:
     """Frozen target features at the drafter's layer ids for whole sequences."""
-    _, feats = target(tokens, [None] * target.num_layers, capture=layer_ids, last_logits_only=True)
+    _, feats = target(tokens, [None] * target.num_layers, layer_ids, last_logits_only=True)
     return mx.stop_gradient(feats)
 
 

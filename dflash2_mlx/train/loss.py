@@ -5,7 +5,8 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..selector import top_k_candidates, transform_unary
+from ..engine.logit_transform import LogitTransform, apply_logit_transform
+from ..engine.selector import top_k_candidates
 
 
 def decay_gamma(block_size: int) -> float:
@@ -26,7 +27,7 @@ def block_loss(logits: mx.array, labels: mx.array) -> mx.array:
     return mx.sum(ce * w) / (ce.shape[0] * mx.sum(w))
 
 
-def selector_loss(drafter, logits, hidden, block_inputs, labels, unary_scale=None):
+def selector_loss(drafter, logits, hidden, block_inputs, labels, selector_transform: LogitTransform):
     """CE of the selector scores over the drafter's own top-K, with the *true*
     previous token as predecessor; positions whose label is not in the top-K
     contribute nothing. Averaged over all positions (not only the scored ones)
@@ -39,8 +40,7 @@ def selector_loss(drafter, logits, hidden, block_inputs, labels, unary_scale=Non
     flat = logits.reshape(NB * Bm1, V)
     _, cand = top_k_candidates(mx.stop_gradient(flat), K)
     unary = mx.take_along_axis(flat.astype(mx.float32), cand, axis=-1)
-    multiplier, softcap = unary_scale or (config.output_multiplier, config.final_logit_softcapping)
-    unary = transform_unary(unary, multiplier, softcap)
+    unary = apply_logit_transform(unary, selector_transform)
     pred = mx.concatenate([block_inputs[:, :1], labels[:, :-1]], axis=1).reshape(-1)
     scores = drafter.candidate_selector.true_predecessor_scores(unary, cand, hidden.reshape(NB * Bm1, -1), pred)
     hit = cand == labels.reshape(-1, 1)

@@ -7,10 +7,12 @@ from typing import Optional, Sequence
 
 import mlx.core as mx
 
-from ..config import DrafterConfig
-from ..drafter import Drafter
+from ..engine.config import DrafterConfig
+from ..engine.drafter import Drafter
 from ..errors import DFlashError
-from ..loading import load_drafter, load_target, resolve_builtin
+from ..engine.pair import Pair
+from ..loading.builtin import resolve_builtin
+from ..loading.checkpoints import load_drafter, load_target
 from .data import pack_sequences, read_examples, regenerate
 from .export import new_drafter_config, upgraded_config
 from .trainer import DrafterTrainer, TrainConfig
@@ -83,20 +85,18 @@ def prepare(
     examples = read_examples(data)
     target, tokenizer = load_target(resolve_builtin(target_ref, "target"), activation_dtype=mx.float32)
     if init_from:
-        from ..compat import check_compatibility
-        from ..hub import resolve
-        from ..loading import read_config
+        from ..loading.hub import resolve
+        from ..loading.checkpoints import read_config
 
         ref = resolve_builtin(init_from, "drafter")
         source = load_drafter(ref, activation_dtype=mx.float32)
         if kind == "dflash" and source.is_dflash2:
             raise DFlashError("--init-from gives a DFlash 2 drafter but --kind is dflash")
-        target.layer_ids = source.config.resolve_layer_ids(target.num_layers)
-        check_compatibility(source, target)
+        source_pair = Pair.make(target, source)  # raises when it does not fit
         # The run keeps the source's own config (sliding layers, rank, transforms...).
         dcfg = read_config(resolve(ref, "drafter"), "drafter")
         dcfg.pop("quantization", None), dcfg.pop("quantization_config", None)
-        dcfg.setdefault("dflash_config", {})["target_layer_ids"] = target.layer_ids
+        dcfg.setdefault("dflash_config", {})["target_layer_ids"] = list(source_pair.layer_ids)
         drafter = source
         if kind == "dflash2" and not source.is_dflash2:
             dcfg = upgraded_config(dcfg, selector_rank)
@@ -108,7 +108,6 @@ def prepare(
         drafter = Drafter(DrafterConfig.from_dict(dcfg), fc_in_features=len(dcfg["dflash_config"]["target_layer_ids"]) * target.hidden_size)
         if kind == "dflash2":
             init_selector(drafter, config.seed)
-    target.layer_ids = dcfg["dflash_config"]["target_layer_ids"]
     drafter.set_dtype(mx.float32)
     if regenerate_tokens:
         examples = regenerate(examples, target.model, tokenizer, regenerate_tokens)

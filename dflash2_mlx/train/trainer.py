@@ -20,7 +20,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..compat import unary_transform
+from ..engine.pair import Pair
 from ..errors import DFlashError
 from ..files import atomic_write_text
 from .data import BatchOrder
@@ -132,6 +132,8 @@ class DrafterTrainer:
     def __init__(self, target, drafter, drafter_config: dict, sequences: np.ndarray,
                  heldout: np.ndarray, config: TrainConfig, out_dir, group=None):
         self.target, self.drafter, self.drafter_config = target, drafter, drafter_config
+        # Layer ids and the selector's logit transform, resolved once.
+        self.pair = Pair.make(target, drafter)
         self.sequences, self.heldout, self.config = sequences, heldout, config
         self.out_dir = Path(out_dir)
         self.group = group
@@ -165,7 +167,7 @@ class DrafterTrainer:
         sel = mx.array(0.0)
         # A frozen selector must not pull the backbone through its loss.
         if drafter.is_dflash2 and trains_selector(self.config.trainable):
-            sel, _ = selector_loss(drafter, logits, hidden, inputs, labels, unary_transform(drafter, self.target))
+            sel, _ = selector_loss(drafter, logits, hidden, inputs, labels, self.pair.selector_transform)
         recall = mx.mean((mx.argmax(logits, axis=-1) == labels).astype(mx.float32))
         return loss + self.config.selector_loss_weight * sel, (loss, sel, recall)
 
@@ -175,8 +177,7 @@ class DrafterTrainer:
         seq, anchors = sample_anchors(keys, tokens.shape[1], B, self.config.blocks_per_seq)
         seq, anchors = mx.array(seq), mx.array(anchors)
         inputs, labels = make_blocks(tokens, seq, anchors, B, self.mask_id)
-        ids = self.drafter.config.resolve_layer_ids(self.target.num_layers)
-        return target_features(self.target, tokens, ids), inputs, labels, seq, anchors
+        return target_features(self.target, tokens, self.pair.layer_ids), inputs, labels, seq, anchors
 
     # -- steps ----------------------------------------------------------------------
     def _global_rows(self, step: int) -> np.ndarray:

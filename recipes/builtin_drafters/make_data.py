@@ -23,7 +23,8 @@ sys.path.insert(0, str(ROOT / "recipes" / "builtin_target"))
 sys.path.insert(0, str(ROOT))
 
 import corpus  # noqa: E402  (the target recipe's file selection and held-out rule)
-from dflash2_mlx.loading import BUILTIN_DIR, load_target  # noqa: E402
+from dflash2_mlx.loading.builtin import BUILTIN_DIR  # noqa: E402
+from dflash2_mlx.loading.checkpoints import load_target  # noqa: E402
 
 
 def prompts_from(files, rng, per_file: int, prompt_lines: int):

@@ -1,0 +1,75 @@
+"""Sampling settings and the target distribution they define.
+
+Speculative and autoregressive decoding must sample from the *same*
+distribution, so both use `make_logprobs_transform`: mlx-lm's own filters
+(top-p, min-p, top-k, applied in mlx-lm's order) then temperature.
+"""
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+
+from ..errors import DFlashError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Request-level sampling settings; temperature 0 means greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: Optional[int] = None
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise DFlashError(f"temperature {self.temperature} is negative: use 0 for greedy or a value > 0")
+        if not 0 < self.top_p <= 1:
+            raise DFlashError(f"top_p {self.top_p} must be in (0, 1]")
+        if self.top_k < 0:
+            raise DFlashError(f"top_k {self.top_k} must be 0 (off) or positive")
+        if not 0 <= self.min_p <= 1:
+            raise DFlashError(f"min_p {self.min_p} must be in [0, 1]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def make_logprobs_transform(params: SamplingParams) -> Callable[[mx.array], mx.array]:
+    """logits [..., V] -> unnormalised log-probabilities of the target distribution.
+
+    Filtered entries are -inf. Only meaningful for temperature > 0.
+    """
+    filters = []
+    if 0 < params.top_p < 1:
+        filters.append(lambda x: apply_top_p(x, params.top_p))
+    if params.min_p > 0:
+        filters.append(lambda x: apply_min_p(x, params.min_p))
+    if params.top_k > 0:
+        filters.append(lambda x: apply_top_k(x, params.top_k) if params.top_k < x.shape[-1] else x)
+    inv_temp = 1.0 / params.temperature if params.temperature > 0 else 1.0
+
+    def transform(logits: mx.array) -> mx.array:
+        x = logits.astype(mx.float32)
+        x = x - mx.logsumexp(x, axis=-1, keepdims=True)
+        for f in filters:
+            x = f(x)
+        return x * inv_temp
+
+    return transform
+
+
+def greedy_token(logits: mx.array) -> mx.array:
+    """The greedy pick; one function so AR and speculative paths tie-break alike."""
+    return mx.argmax(logits, axis=-1).astype(mx.int32)
+
+
+def make_key(seed: Optional[int]) -> mx.array:
+    """A PRNG key from the seed, or from MLX's global generator when unseeded."""
+    if seed is None:
+        seed = int(mx.random.randint(0, 2**31 - 1, ()).item())
+    return mx.random.key(seed)

@@ -1,0 +1,1 @@
+"""Loading: the Hub and local folders, checkpoints, draft quantization, the pair."""

@@ -1,0 +1,163 @@
+"""Load targets (through mlx-lm) and drafters (strictly, from the released format)."""
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map_with_path
+
+from ..engine.config import DrafterConfig
+from ..engine.drafter import Drafter
+from ..errors import CheckpointError, ConfigError
+from ..device import default_activation_dtype
+from .hub import resolve
+from .quantize import apply_saved_quantization, saved_activation_dtype, unpacked_width
+from ..engine.target import Target, check_supported
+
+
+def read_config(folder: Path, what: str) -> dict:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{what} folder '{folder}' has no config.json")
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{what} config '{path}' is not valid JSON ({e.msg}, line {e.lineno})") from None
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{what} config '{path}' is not valid JSON (not UTF-8 text)") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{what} config '{path}' is not a JSON object")
+    return config
+
+
+def read_safetensors(folder: Path, what: str) -> dict[str, mx.array]:
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{what} folder '{folder}' has no .safetensors weights")
+    weights = {}
+    for f in files:
+        try:
+            weights.update(mx.load(str(f)))
+        except Exception as e:  # mlx raises bare RuntimeError/ValueError on bad files
+            raise CheckpointError(
+                f"{what} weights '{f}' are truncated or corrupt ({str(e).splitlines()[0]}): "
+                "download them again"
+            ) from None
+    return weights
+
+
+# -- target --------------------------------------------------------------------
+
+
+def cast_floating(model, dtype) -> None:
+    """Cast float parameters to `dtype`. Downcasts skip what the model keeps in
+    its own precision (mlx-lm's `cast_predicate`, e.g. qwen3_5's A_log);
+    upcasting to fp32 loses nothing, so it covers every float parameter."""
+    keep = getattr(model, "cast_predicate", None)
+    if keep is None or dtype == mx.float32:
+        keep = lambda _: True  # noqa: E731
+    model.update(tree_map_with_path(
+        lambda path, x: x.astype(dtype) if mx.issubdtype(x.dtype, mx.floating) and keep(path) else x,
+        model.parameters(),
+    ))
+
+
+def load_target(
+    ref: str,
+    revision: Optional[str] = None,
+    activation_dtype: Optional[mx.Dtype] = None,
+    tokenizer_config: Optional[dict] = None,
+):
+    """Load an mlx-lm target and its tokenizer. Returns (Target, TokenizerWrapper).
+
+    Quantized targets (mlx-lm's `quantization` metadata) keep their packed
+    weights; only float parameters and activations take `activation_dtype`.
+    """
+    from mlx_lm.utils import load_model, load_tokenizer  # 1 s of imports: keep lazy
+
+    folder = resolve(ref, "target", revision)
+    config = read_config(folder, "target")
+    model_type = config.get("model_type")
+    if model_type is None:
+        raise CheckpointError(f"target config '{folder}/config.json' has no model_type")
+    check_supported(model_type)
+    if not list(folder.glob("*.safetensors")):
+        raise CheckpointError(f"target folder '{folder}' has no .safetensors weights")
+    try:
+        model, config = load_model(folder)
+    except ValueError as e:
+        raise CheckpointError(f"target '{ref}' does not load: {str(e).splitlines()[0]}") from None
+    cast_floating(model, activation_dtype or default_activation_dtype())
+    tokenizer = load_tokenizer(folder, tokenizer_config, eos_token_ids=config.get("eos_token_id"))
+    return Target(model), tokenizer
+
+
+# -- drafter -------------------------------------------------------------------
+
+
+def sanitize_drafter_weights(weights: dict[str, mx.array], folder: Path) -> dict[str, mx.array]:
+    """The one place checkpoint names are fixed."""
+    out = {}
+    for name, value in weights.items():
+        if name.startswith("model."):
+            name = name[len("model.") :]
+        if name.startswith(("lm_head.", "embed_tokens.")):
+            raise ConfigError(
+                f"drafter '{folder}' ships its own '{name}': drafters that carry an LM head "
+                "or embedding are not supported (DFlash drafters use the target's)"
+            )
+        if name.endswith(("_codebook",)) and name.startswith("candidate_selector."):
+            name = name + ".weight"
+        if name in out:  # e.g. both codebook spellings, or with and without `model.`
+            raise CheckpointError(f"drafter '{folder}' has tensor '{name}' twice (under two spellings)")
+        out[name] = value
+    return out
+
+
+def check_weights(model: nn.Module, weights: dict[str, mx.array], folder: Path) -> None:
+    """Strict load: every tensor present, none extra, every shape as built."""
+    expected = dict(tree_flatten(model.parameters()))
+    missing = sorted(set(expected) - set(weights))
+    extra = sorted(set(weights) - set(expected))
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise CheckpointError(f"drafter '{folder}' is missing tensor '{missing[0]}'{more}")
+    if extra:
+        more = f" and {len(extra) - 1} more" if len(extra) > 1 else ""
+        raise CheckpointError(
+            f"drafter '{folder}' has unexpected tensor '{extra[0]}'{more}: it does not match its config.json"
+        )
+    for name, value in weights.items():
+        if tuple(value.shape) != tuple(expected[name].shape):
+            raise CheckpointError(
+                f"drafter '{folder}' tensor '{name}' has shape {tuple(value.shape)}, "
+                f"config.json implies {tuple(expected[name].shape)}"
+            )
+
+
+def load_drafter(
+    ref: str,
+    revision: Optional[str] = None,
+    activation_dtype: Optional[mx.Dtype] = None,
+) -> Drafter:
+    """Load a DFlash or DFlash 2 drafter (or an MLX-quantized copy of one)."""
+    folder = resolve(ref, "drafter", revision)
+    raw = read_config(folder, "drafter")
+    config = DrafterConfig.from_dict(raw)
+    weights = sanitize_drafter_weights(read_safetensors(folder, "drafter"), folder)
+    if "fc.weight" not in weights:
+        raise CheckpointError(f"drafter '{folder}' is missing tensor 'fc.weight'")
+    quantization = raw.get("quantization")
+    # The fc input width is n_taps × target hidden: read it from the file.
+    fc_in = unpacked_width(weights["fc.weight"].shape[1], quantization, "fc")
+    drafter = Drafter(config, fc_in_features=fc_in)
+    if quantization:
+        apply_saved_quantization(drafter, quantization)
+    check_weights(drafter, weights, folder)
+    drafter.load_weights(list(weights.items()), strict=True)
+    drafter.set_dtype(activation_dtype or saved_activation_dtype(raw) or default_activation_dtype())
+    drafter.eval()
+    mx.eval(drafter.parameters())
+    return drafter

@@ -1,0 +1,42 @@
+"""Load a target and its drafter into one checked `Pair`."""
+
+import warnings
+from typing import Optional
+
+import mlx.core as mx
+
+from ..engine.pair import Pair
+from .builtin import resolve_builtin
+from .checkpoints import load_drafter, load_target
+from .quantize import DraftQuant, quantize_drafter
+
+
+def load_pair(
+    target_ref: str,
+    drafter_ref: Optional[str] = None,
+    draft_quant: Optional[str] = None,
+    activation_dtype: Optional[mx.Dtype] = None,
+    tokenizer_config: Optional[dict] = None,
+) -> tuple[Pair, object]:
+    """Load target (+ drafter), check they fit, quantize the drafter if asked.
+
+    Returns (Pair, tokenizer); the pair has no drafter when `drafter_ref` is
+    None. The drafter is loaded first: its config is cheap to check.
+    """
+    quant = DraftQuant.parse(draft_quant) if draft_quant else None
+    drafter = None
+    if drafter_ref:
+        drafter = load_drafter(resolve_builtin(drafter_ref, "drafter"), activation_dtype=activation_dtype)
+    target, tokenizer = load_target(
+        resolve_builtin(target_ref, "target"), activation_dtype=activation_dtype,
+        tokenizer_config=tokenizer_config,
+    )
+    pair = Pair.make(target, drafter)
+    if drafter is not None and quant:
+        if quant.fp16_activations:
+            warnings.warn(
+                f"draft quantization {quant} uses fp16 activations, which overflow DFlash "
+                "residuals and can zero acceptance on M1/M2: prefer a32 or abf16"
+            )
+        quantize_drafter(drafter, quant)
+    return pair, tokenizer

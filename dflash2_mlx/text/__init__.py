@@ -1,0 +1,1 @@
+"""Text: the streaming generator, detokenizer, prompts, chat sessions and stats."""

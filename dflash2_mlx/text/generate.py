@@ -1,0 +1,153 @@
+"""The tokenizer-aware streaming generator: the only layer that touches text.
+
+`stream_generate` wraps either decode loop (speculative when the pair has a
+drafter, autoregressive otherwise) and yields one `GenerationResponse` per
+generated token. The last response carries `finish_reason` and the stats.
+"""
+
+import time
+from dataclasses import dataclass, replace
+from typing import Generator, Optional, Sequence, Union
+
+import mlx.core as mx
+
+from ..device import backend_name
+from ..engine.decode import DecodeCache, autoregressive_generate_step, speculative_generate_step
+from ..engine.pair import Pair
+from ..engine.profile import CycleProfiler
+from ..engine.sampling import SamplingParams
+from ..errors import DFlashError
+from .detokenize import IncrementalDetokenizer, StopMatcher
+from .stats import GenerationStats, StatsRecorder
+
+
+@dataclass(frozen=True)
+class GenerationResponse:
+    text: str  # the new text this token completes ('' while a character is incomplete)
+    token: int
+    from_draft: bool  # drafted by the drafter and accepted by the target
+    prompt_tokens: int
+    prompt_tps: float
+    generation_tokens: int
+    generation_tps: float
+    peak_memory: float  # GB
+    finish_reason: Optional[str] = None  # "stop" (EOS or stop string) or "length"
+    stats: Optional[GenerationStats] = None  # on the final response only
+
+
+def encode_prompt(tokenizer, prompt: Union[str, Sequence[int]]) -> list[int]:
+    """Token ids for `prompt` (text is encoded, ids pass through)."""
+    if isinstance(prompt, str):
+        bos = getattr(tokenizer, "bos_token", None)
+        return tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
+    return [int(t) for t in prompt]
+
+
+def stream_generate(
+    pair: Pair,
+    tokenizer,
+    prompt: Union[str, Sequence[int]],
+    *,
+    max_tokens: int = 256,
+    sampling: SamplingParams = SamplingParams(),
+    block_size: Optional[int] = None,
+    stop: Sequence[str] = (),
+    prefill_step_size: int = 2048,
+    prompt_cache: Optional[DecodeCache] = None,
+    profiler: Optional[CycleProfiler] = None,
+) -> Generator[GenerationResponse, None, None]:
+    """Stream a completion; DFlash / DFlash 2 when `pair` has a drafter, else plain decoding.
+
+    `block_size` (anchor included) defaults to the drafter's; `pair.block_size`
+    says which are valid.
+    """
+    if max_tokens < 1:
+        raise DFlashError(f"max_tokens {max_tokens} must be at least 1")
+    ids = encode_prompt(tokenizer, prompt)
+    eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
+    profiler = profiler or CycleProfiler()
+    B = pair.block_size(block_size)
+    if pair.drafter is None:
+        steps = autoregressive_generate_step(
+            ids, pair, max_tokens=max_tokens, sampling=sampling,
+            prefill_step_size=prefill_step_size, prompt_cache=prompt_cache,
+        )
+    else:
+        steps = speculative_generate_step(
+            ids, pair, max_tokens=max_tokens, block_size=B, sampling=sampling,
+            prefill_step_size=prefill_step_size, prompt_cache=prompt_cache, profiler=profiler,
+        )
+    # Tokens before this call; the prompt's first token is the cache's last one.
+    history = max(len(prompt_cache.tokens) - 1, 0) if prompt_cache is not None else 0
+    detok = IncrementalDetokenizer(tokenizer, ids)
+    stopper = StopMatcher(stop)
+    recorder = StatsRecorder(B)
+    mx.reset_peak_memory()
+    tic = time.perf_counter()
+    n = 0
+    try:
+        for index, step in enumerate(steps):
+            if index == 0:  # the prefill pass produced the first token
+                decode_start = time.perf_counter()
+                prompt_time = decode_start - tic
+            kept = 0
+            for token, drafted in zip(step.tokens, step.from_draft):
+                n += 1
+                kept += 1
+                text, finish = _next_text(token, n, max_tokens, eos, detok, stopper)
+                elapsed = time.perf_counter() - decode_start
+                response = GenerationResponse(
+                    text=text, token=token, from_draft=drafted, prompt_tokens=len(ids),
+                    prompt_tps=len(ids) / prompt_time if prompt_time else 0.0,
+                    generation_tokens=n,
+                    generation_tps=(n - 1) / elapsed if n > 1 and elapsed > 0 else 0.0,
+                    peak_memory=mx.get_peak_memory() / 1e9,
+                )
+                if finish:
+                    if index > 0:
+                        recorder.add(step, kept)
+                    stats = _stats(recorder, response, pair.kind, B, profiler)
+                    yield replace(response, finish_reason=finish, stats=stats)
+                    return
+                yield response
+            if index > 0:
+                recorder.add(step, kept)
+    finally:
+        steps.close()
+        if prompt_cache is not None:
+            # Tokens verified past an EOS / stop string were never returned.
+            prompt_cache.truncate(history + len(ids) + n)
+
+
+def _next_text(token, n, max_tokens, eos, detok, stopper) -> tuple[str, Optional[str]]:
+    """Text for this token and the finish reason it causes, if any."""
+    if token in eos:
+        return stopper.flush() + detok.flush(), "stop"
+    text, stopped = stopper.feed(detok.add(token))
+    if stopped:
+        return text, "stop"
+    if n == max_tokens:
+        tail, stopped = stopper.feed(detok.flush())
+        return text + tail + ("" if stopped else stopper.flush()), "stop" if stopped else "length"
+    return text, None
+
+
+def _stats(recorder: StatsRecorder, r: GenerationResponse, mode: str, B: int,
+           profiler: CycleProfiler) -> GenerationStats:
+    return GenerationStats(
+        prompt_tokens=r.prompt_tokens,
+        generation_tokens=r.generation_tokens,
+        prompt_tps=r.prompt_tps,
+        generation_tps=r.generation_tps,
+        target_passes=recorder.passes,
+        mean_acceptance_length=recorder.mean_acceptance_length,
+        acceptance_by_position=recorder.by_position,
+        acceptance_histogram=recorder.histogram,
+        drafted=recorder.drafted,
+        accepted=recorder.accepted,
+        peak_memory_gb=r.peak_memory,
+        backend=backend_name(),
+        mode=mode,
+        block_size=B,
+        host_syncs_per_pass=(profiler.fetches / recorder.passes) if mode != "ar" and recorder.passes else None,
+    )

@@ -1,0 +1,17 @@
+"""Names of the decoding modes, as every report shows them (imports nothing: the CLI reads it early)."""
+
+# The one table of decoding-mode labels: mode -> (name, short name for narrow columns).
+MODE_LABELS = {
+    "ar": ("autoregressive", "AR"),
+    "dflash": ("DFlash", "DFlash"),
+    "dflash2": ("DFlash 2", "DFlash 2"),
+    "mlx-lm-spec": ("mlx-lm speculative", "mlx-lm spec"),
+}
+
+
+def mode_name(mode: str) -> str:
+    return MODE_LABELS[mode][0]
+
+
+def short_mode_name(mode: str) -> str:
+    return MODE_LABELS[mode][1]

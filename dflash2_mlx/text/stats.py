@@ -1,0 +1,69 @@
+"""Generation statistics, defined once (spec §5) and reported everywhere."""
+
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+from ..engine.decode import DecodeStep
+from .modes import MODE_LABELS, mode_name, short_mode_name  # noqa: F401  (re-exported)
+
+@dataclass(frozen=True)
+class GenerationStats:
+    prompt_tokens: int
+    generation_tokens: int
+    prompt_tps: float
+    generation_tps: float  # tokens after the first / time after prefill
+    target_passes: int  # target forward passes after prefill (verify passes, or AR steps)
+    mean_acceptance_length: float  # τ: tokens committed per target pass after prefill
+    acceptance_by_position: list[float]  # P(position t accepted | all earlier accepted)
+    acceptance_histogram: list[int]  # cycles committing 1..B tokens
+    drafted: int
+    accepted: int
+    peak_memory_gb: float
+    backend: str
+    mode: str  # "ar", "dflash" or "dflash2"
+    block_size: int
+    host_syncs_per_pass: Optional[float] = None
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class StatsRecorder:
+    """Folds `DecodeStep`s (after the prefill step) into acceptance counters."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.passes = 0
+        self.committed = 0
+        self.drafted = 0
+        self.accepted = 0
+        self.histogram = [0] * block_size
+        # reached[t]: cycles that drafted position t+1 with all earlier accepted.
+        self.reached = [0] * max(block_size - 1, 0)
+        self.hit = [0] * max(block_size - 1, 0)
+
+    def add(self, step: DecodeStep, kept: int) -> None:
+        """`kept` is how many of the step's tokens were used (EOS/stop may cut)."""
+        self.passes += 1
+        self.committed += kept
+        # Count what the cycle committed (EOS / a stop string may cut it), so the
+        # histogram agrees with mean_acceptance_length.
+        self.histogram[min(kept, self.block_size) - 1] += 1
+        self.drafted += step.drafted
+        self.accepted += step.accepted
+        for t in range(min(step.accepted + 1, step.drafted)):
+            self.reached[t] += 1
+            if t < step.accepted:
+                self.hit[t] += 1
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return self.committed / self.passes if self.passes else 0.0
+
+    @property
+    def by_position(self) -> list[float]:
+        return [h / r if r else 0.0 for h, r in zip(self.hit, self.reached)]

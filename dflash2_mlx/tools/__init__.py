@@ -1,0 +1,1 @@
+"""Tools built on the library: bench, compare, doctor, analyze, cycle profiler, synthetic checkpoints."""

@@ -1,0 +1,167 @@
+"""The package's layers, checked from its source (docs/architecture.md).
+
+Every import inside the package (module level or inside a function) is an
+edge. The graph must have no cycle, and an edge between two rooms must point
+down: cli → tools → train → text / loading → engine → kernels → ground.
+`text` and `loading` sit side by side and do not import each other.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "dflash2_mlx"
+# Source folders and the package names they install as (pyproject's package-dir).
+SOURCES = {ROOT / "dflash2_mlx": PACKAGE, ROOT / "cli": f"{PACKAGE}.cli", ROOT / "metal": f"{PACKAGE}.metal"}
+# Room -> rank; an import may only go to a lower rank (or stay in its room).
+RANKS = {"ground": 0, "metal": 0, "kernels": 1, "engine": 2, "loading": 3, "text": 3,
+         "train": 4, "tools": 5, "cli": 6}
+# The package root re-exports the public API lazily (by name, not by import).
+FACADE = PACKAGE
+
+
+def module_files() -> dict[str, Path]:
+    out = {}
+    for folder, name in SOURCES.items():
+        for path in folder.rglob("*.py"):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join([name, *parts])] = path
+    return out
+
+
+def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
+    """Package modules `module` imports anywhere in its file."""
+    is_package = path.name == "__init__.py"
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = base[: len(base) - (node.level - 1)]
+                target = ".".join(anchor + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            # `from pkg import name` imports pkg.name when that is a module.
+            names = [f"{target}.{a.name}" if f"{target}.{a.name}" in known else target for a in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in known:  # `import a.b.c` of a package attribute
+                name = name.rpartition(".")[0]
+            if name.startswith(PACKAGE) and name != module:
+                found.add(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = module_files()
+    known = set(files)
+    return {m: imports_of(m, p, known) for m, p in files.items()}
+
+
+def room(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) < 2 or parts[1] not in RANKS:
+        return "ground"  # errors, device, files, the builtin data package
+    return parts[1]
+
+
+def upward_edges(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for src, dsts in graph.items():
+        if src == FACADE:
+            continue
+        for dst in dsts:
+            a, b = room(src), room(dst)
+            if a != b and RANKS[b] >= RANKS[a] and dst != FACADE:
+                bad.append(f"{src} ({a}) imports {dst} ({b})")
+            if dst == FACADE and src != FACADE:
+                bad.append(f"{src} imports the package root (import the module that defines the name)")
+    return sorted(bad)
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in list(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_graph_is_read():
+    graph = import_graph()
+    # A few edges every version of the package has: the reader must see them.
+    assert "dflash2_mlx.engine.pair" in graph["dflash2_mlx.engine.decode"]
+    assert "dflash2_mlx.kernels.registry" in graph["dflash2_mlx.engine.conv"]
+    assert any(d.startswith("dflash2_mlx.loading") for d in graph["dflash2_mlx.cli.generate"])
+    assert len(graph) > 60
+
+
+def test_no_import_cycles():
+    assert cycles(import_graph()) == []
+
+
+def test_imports_only_go_down():
+    assert upward_edges(import_graph()) == []
+
+
+def test_the_library_never_imports_the_cli_typer_or_rich():
+    for module, path in module_files().items():
+        if room(module) == "cli":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert name.split(".")[0] not in ("typer", "rich"), f"{module} imports {name}"
+
+
+def test_the_library_never_reads_environment_variables():
+    for module, path in module_files().items():
+        if room(module) == "cli":
+            continue
+        text = path.read_text()
+        assert "os.environ" not in text and "getenv" not in text, module
+
+
+@pytest.mark.parametrize("graph, found", [
+    # The checks themselves must be able to fail.
+    ({"dflash2_mlx.engine.decode": {"dflash2_mlx.tools.bench"}, "dflash2_mlx.tools.bench": set()}, "up"),
+    ({"dflash2_mlx.text.generate": {"dflash2_mlx.loading.hub"}, "dflash2_mlx.loading.hub": set()}, "up"),
+    ({"dflash2_mlx.kernels.metal": {"dflash2_mlx.engine.conv"}, "dflash2_mlx.engine.conv": set()}, "up"),
+    ({"dflash2_mlx.engine.a": {"dflash2_mlx.engine.b"}, "dflash2_mlx.engine.b": {"dflash2_mlx.engine.a"}}, "cycle"),
+    ({"dflash2_mlx.cli.x": {"dflash2_mlx.engine.a"}, "dflash2_mlx.engine.a": set()}, None),
+])
+def test_the_checks_catch_planted_violations(graph, found):
+    assert bool(upward_edges(graph)) == (found == "up")
+    assert bool(cycles(graph)) == (found == "cycle")
