@@ -134,7 +134,8 @@ registry.register("path_select", agrees_with_twin)
 
 
 class CandidateSelector(nn.Module):
-    """`candidate_selector`: codebooks A (predecessor), B (successor) and the gate."""
+    """`candidate_selector`: the predecessor codebook (spec A), the successor
+    codebook (spec B) and the gate projection."""
 
     def __init__(self, hidden_size: int, vocab_size: int, rank: int):
         super().__init__()

@@ -141,10 +141,10 @@ def path_check_problem() -> tuple:
     pred_ids = rng.integers(0, V, (N, K)).astype(np.int32)
     cand_ids = rng.integers(0, V, (N, K)).astype(np.int32)
     gate = rng.integers(-1, 2, (N, R)).astype(np.float32)
-    A = rng.integers(-2, 3, (V, R)).astype(np.float32)
-    B = rng.integers(-2, 3, (V, R)).astype(np.float32)
+    pred_codebook = rng.integers(-2, 3, (V, R)).astype(np.float32)
+    succ_codebook = rng.integers(-2, 3, (V, R)).astype(np.float32)
     uniforms = np.array([0.13, 0.52, 0.71, 0.94], dtype=np.float32)
-    args = tuple(mx.array(a) for a in (unary, pred_ids, cand_ids, gate, A, B))
+    args = tuple(mx.array(a) for a in (unary, pred_ids, cand_ids, gate, pred_codebook, succ_codebook))
     return args, mx.array(uniforms)
 
 
