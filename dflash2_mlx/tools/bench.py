@@ -17,6 +17,7 @@ from typing import Callable, Optional, Sequence
 import mlx.core as mx
 
 from ..engine.pair import Pair
+from ..errors import BlockSizeError
 from ..engine.sampling import SamplingParams
 from ..engine.target import Target
 from ..text.generate import stream_generate
@@ -153,10 +154,10 @@ def run_bench(
     skipped = []
     for pair in pairs:
         for B in block_sizes:
-            if B <= pair.max_block_size:
-                configs.append((pair.kind, B, pair))
-            else:
-                skipped.append(f"{mode_name(pair.kind)} block {B}: above this drafter's block_size {pair.max_block_size}")
+            try:
+                configs.append((pair.kind, pair.block_size(B), pair))
+            except BlockSizeError as e:
+                skipped.append(f"{mode_name(pair.kind)}: {e}")
     if draft_model is not None:
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
