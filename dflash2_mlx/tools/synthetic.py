@@ -181,7 +181,7 @@ def random_drafter(config: dict, seed: int = 0, trained_extras: bool = True) -> 
     corrections and the successor codebook (identity/zero at init)."""
     mx.random.seed(seed)
     dc = DrafterConfig.from_dict(config)
-    n_taps = len(dc.resolve_layer_ids(config["num_target_layers"]))
+    n_taps = len(dc.target_layer_ids)  # filled from num_target_layers when the file has no ids
     drafter = Drafter(dc, fc_in_features=n_taps * config["hidden_size"])
     if dc.is_dflash2 and trained_extras:
         for layer in drafter.layers:
