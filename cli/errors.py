@@ -50,5 +50,18 @@ def run_guarded(app, argv=None) -> int:
         return 1
 
 
-def _fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
+# Set in a distributed rank ("[rank 1] "), so the parent can tell whose line it is.
+_prefix = ""
+
+
+def set_prefix(prefix: str) -> None:
+    global _prefix
+    _prefix = prefix
+
+
+def fail(message: str) -> None:
+    """Print the one error line."""
+    print(f"{_prefix}error: {message}", file=sys.stderr, flush=True)
+
+
+_fail = fail

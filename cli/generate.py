@@ -3,6 +3,7 @@
 import json
 import sys
 
+from . import distributed
 from . import options as o
 from . import ui
 
@@ -24,9 +25,17 @@ def generate(
     chat_template_config: o.ChatTemplateConfig = None,
     ar: o.AR = False,
     json_output: o.Json = False,
+    processes: o.Processes = None,
+    hostfile: o.Hostfile = None,
+    rank_timeout: o.RankTimeout = 300.0,
+    time_collectives: o.TimeCollectives = True,
     debug: o.Debug = False,
 ):
-    """Generate a completion with DFlash / DFlash 2 speculative decoding (or --ar)."""
+    """Generate a completion with DFlash / DFlash 2 speculative decoding (or --ar).
+
+    With --processes N or --hostfile FILE the target is split over N ranks
+    (tensor parallel), the drafter copied to each; rank 0 prints.
+    """
     # Everything checkable without loading a model is checked first.
     sampling = o.sampling_params(temp, top_p, top_k, min_p, seed)
     o.check_max_tokens(max_tokens)
@@ -36,12 +45,19 @@ def generate(
         warnings.warn("--block-size and --draft-quant do nothing with --ar (no drafter is used)")
     template_kwargs = o.parse_template_config(chat_template_config)
     text = o.read_prompt(prompt)
+    if distributed.wants_ranks(processes, hostfile):
+        # stdin is read here: the ranks' own stdin never ends under mlx.launch.
+        return distributed.relaunch(processes, hostfile, prompt=text)
+    rank = distributed.start_rank(rank_timeout) if distributed.in_rank() else None
 
     from dflash2_mlx.loading.load_pair import load_pair
     from dflash2_mlx.text.generate import stream_generate
     from dflash2_mlx.text.prompt import build_prompt
 
-    pair, tokenizer = load_pair(model, None if ar else drafter, draft_quant)
+    pair, tokenizer = load_pair(model, None if ar else drafter, draft_quant,
+                                group=rank.group if rank else None, time_collectives=time_collectives)
+    if rank is not None:
+        rank.watch(pair.target)
     block_size = pair.block_size(block_size, "--block-size") if pair.drafter is not None else None
     ids = build_prompt(tokenizer, text, system_prompt, not ignore_chat_template, template_kwargs)
     responses = stream_generate(

@@ -12,10 +12,13 @@ relays output and tears the job down when a rank fails.
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Callable, Optional
 
 from dflash2_mlx.errors import DFlashError
 
@@ -45,25 +48,88 @@ def _deprioritize(pid: int) -> None:
             pass
 
 
-def run_ranks(processes: int, argv: list[str], wait_for_ranks_s: float = 60.0) -> int:
+def run_ranks(processes: Optional[int], argv: list[str], wait_for_ranks_s: float = 60.0, *,
+              hostfile: Optional[str] = None, on_stderr: Optional[Callable[[str], None]] = None,
+              relay_stdin: Optional[bytes] = None, give_up: Optional[Callable[[], bool]] = None) -> int:
     """Run `python -m dflash2_mlx.cli ARGV` as `processes` ring ranks on this
-    machine; returns the launcher's exit status."""
-    command = [launcher_path(), "-n", str(processes), "--backend", "ring",
-               sys.executable, "-m", "dflash2_mlx.cli", *argv]
-    launcher = subprocess.Popen(command, stdin=subprocess.PIPE)
+    machine, or as the ranks `hostfile` lists (mlx.launch's format and backend);
+    returns the launcher's exit status.
+
+    `on_stderr(line)`, when given, receives the ranks' stderr line by line
+    instead of the terminal. `relay_stdin`, when given, copies this process's
+    stdin line by line to every rank (the launcher broadcasts it) and sends that
+    line at its end: mlx.launch never closes the ranks' stdin, so they see no EOF. `give_up()`, polled
+    while the ranks run, may end the run: mlx.launch can wait forever on a rank
+    that does not die when told to (a stopped process), so then every process
+    under the launcher is killed.
+    """
+    where = ["--hostfile", hostfile] if hostfile else ["-n", str(processes), "--backend", "ring"]
+    command = [launcher_path(), *where, sys.executable, "-m", "dflash2_mlx.cli", *argv]
+    launcher = subprocess.Popen(command, stdin=subprocess.PIPE,
+                                stderr=subprocess.PIPE if on_stderr else None)
+    reader = _start(_read_lines, launcher.stderr, on_stderr) if on_stderr else None
+    if relay_stdin is not None:
+        _start(_copy_stdin, launcher.stdin, relay_stdin)  # daemon: may stay blocked on the user's terminal
     try:
         deadline = time.monotonic() + wait_for_ranks_s
-        # Lower the launcher only after its ranks exist: they would inherit it.
-        while launcher.poll() is None and time.monotonic() < deadline:
-            if len(_children(launcher.pid)) >= processes:
+        lowered = False
+        while launcher.poll() is None:
+            # Lower the launcher only after its ranks exist: they would inherit it.
+            if not lowered and (len(_children(launcher.pid)) >= (processes or 1) or time.monotonic() > deadline):
                 _deprioritize(launcher.pid)
+                lowered = True
+            if give_up is not None and give_up():
+                _kill_tree(launcher.pid)
                 break
             time.sleep(0.2)
-        return launcher.wait()
+        status = launcher.wait()
+        if reader is not None:
+            reader.join(timeout=5)
+        return status
     except KeyboardInterrupt:
         launcher.terminate()
         launcher.wait()
         raise
     finally:
-        if launcher.stdin:
+        if launcher.stdin and relay_stdin is None:
             launcher.stdin.close()
+
+
+def _descendants(pid: int) -> list[int]:
+    out = []
+    for child in _children(pid):
+        out += [child, *_descendants(child)]
+    return out
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL the launcher and every process under it (a stopped one too)."""
+    for p in [*_descendants(pid), pid]:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(p, sig)
+            except OSError:  # already gone
+                pass
+
+
+def _start(fn, *args) -> threading.Thread:
+    t = threading.Thread(target=fn, args=args, daemon=True)
+    t.start()
+    return t
+
+
+def _read_lines(stream, on_line) -> None:
+    for raw in iter(stream.readline, b""):
+        on_line(raw.decode(errors="replace"))
+
+
+def _copy_stdin(pipe, last: bytes) -> None:
+    """The user's input, line by line, to the launcher (which sends it to every rank)."""
+    try:
+        for line in iter(sys.stdin.buffer.readline, b""):
+            pipe.write(line)
+            pipe.flush()
+        pipe.write(last)
+        pipe.flush()
+    except (BrokenPipeError, ValueError, OSError):  # the ranks are gone
+        pass

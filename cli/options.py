@@ -125,3 +125,26 @@ def parse_template_config(raw: Optional[str]) -> dict:
     if not isinstance(value, dict):
         raise DFlashError("--chat-template-config must be a JSON object, e.g. '{\"enable_thinking\": false}'")
     return value
+
+# -- a target split over MLX distributed ranks (generate, chat) ---------------------------
+Processes = Annotated[
+    Optional[int],
+    typer.Option("--processes", min=1,
+                 help="Split the target over N ranks on this machine (tensor parallel, mlx.launch, ring backend)."),
+]
+Hostfile = Annotated[
+    Optional[str],
+    typer.Option("--hostfile",
+                 help="Split the target over the machines this mlx.launch hostfile lists (one rank each)."),
+]
+RankTimeout = Annotated[
+    float,
+    typer.Option("--rank-timeout", min=1.0,
+                 help="With ranks: stop every rank when no target pass starts for this many seconds "
+                      "(a machine gone silent)."),
+]
+TimeCollectives = Annotated[
+    bool,
+    typer.Option("--time-collectives/--no-time-collectives",
+                 help="With ranks: time each collective for the stats (syncs at every all_sum)."),
+]

@@ -15,6 +15,7 @@ from ..device import default_activation_dtype
 from .hub import resolve
 from .quantize import apply_saved_quantization, saved_activation_dtype, unpacked_width
 from ..engine.target import Target, check_supported
+from .sharded import barrier, shard_target
 
 
 def read_config(folder: Path, what: str) -> dict:
@@ -69,11 +70,16 @@ def load_target(
     revision: Optional[str] = None,
     activation_dtype: Optional[mx.Dtype] = None,
     tokenizer_config: Optional[dict] = None,
+    group: Optional[mx.distributed.Group] = None,
+    time_collectives: bool = True,
 ):
     """Load an mlx-lm target and its tokenizer. Returns (Target, TokenizerWrapper).
 
     Quantized targets (mlx-lm's `quantization` metadata) keep their packed
     weights; only float parameters and activations take `activation_dtype`.
+    With a distributed `group` of more than one rank the target is split over
+    it (tensor parallel, loading/sharded.py) and `time_collectives` times its
+    all_sums.
     """
     from mlx_lm.utils import load_model, load_tokenizer  # 1 s of imports: keep lazy
 
@@ -85,13 +91,19 @@ def load_target(
     check_supported(model_type)
     if not list(folder.glob("*.safetensors")):
         raise CheckpointError(f"target folder '{folder}' has no .safetensors weights")
+    sharded = group is not None and group.size() > 1
     try:
-        model, config = load_model(folder)
+        # Split targets load lazily: each rank materialises only its slices.
+        model, config = load_model(folder, lazy=sharded)
     except ValueError as e:
         raise CheckpointError(f"target '{ref}' does not load: {str(e).splitlines()[0]}") from None
+    target = shard_target(model, model_type, group, time_collectives) if sharded else None
     cast_floating(model, activation_dtype or default_activation_dtype())
     tokenizer = load_tokenizer(folder, tokenizer_config, eos_token_ids=config.get("eos_token_id"))
-    return Target(model), tokenizer
+    if sharded:
+        mx.eval(model.parameters())
+        barrier(group)
+    return target or Target(model), tokenizer
 
 
 # -- drafter -------------------------------------------------------------------

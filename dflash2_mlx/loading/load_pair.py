@@ -17,11 +17,15 @@ def load_pair(
     draft_quant: Optional[str] = None,
     activation_dtype: Optional[mx.Dtype] = None,
     tokenizer_config: Optional[dict] = None,
+    group: Optional[mx.distributed.Group] = None,
+    time_collectives: bool = True,
 ) -> tuple[Pair, object]:
     """Load target (+ drafter), check they fit, quantize the drafter if asked.
 
     Returns (Pair, tokenizer); the pair has no drafter when `drafter_ref` is
-    None. The drafter is loaded first: its config is cheap to check.
+    None. The drafter is loaded first: its config is cheap to check. With a
+    distributed `group` the target is split over its ranks and the drafter
+    loaded whole on each (see `load_target`).
     """
     quant = DraftQuant.parse(draft_quant) if draft_quant else None
     drafter = None
@@ -29,7 +33,7 @@ def load_pair(
         drafter = load_drafter(resolve_builtin(drafter_ref, "drafter"), activation_dtype=activation_dtype)
     target, tokenizer = load_target(
         resolve_builtin(target_ref, "target"), activation_dtype=activation_dtype,
-        tokenizer_config=tokenizer_config,
+        tokenizer_config=tokenizer_config, group=group, time_collectives=time_collectives,
     )
     pair = Pair.make(target, drafter)
     if drafter is not None and quant:

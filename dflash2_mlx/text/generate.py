@@ -18,7 +18,7 @@ from ..engine.profile import CycleProfiler
 from ..engine.sampling import SamplingParams
 from ..errors import DFlashError
 from .detokenize import IncrementalDetokenizer, StopMatcher
-from .stats import GenerationStats, StatsRecorder
+from .stats import GenerationStats, StatsRecorder, collective_fields
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,7 @@ def stream_generate(
     detok = IncrementalDetokenizer(tokenizer, ids)
     stopper = StopMatcher(stop)
     recorder = StatsRecorder(B)
+    clock, mark = getattr(pair.target, "collectives", None), None  # a target split over ranks
     mx.reset_peak_memory()
     tic = time.perf_counter()
     n = 0
@@ -90,6 +91,7 @@ def stream_generate(
             if index == 0:  # the prefill pass produced the first token
                 decode_start = time.perf_counter()
                 prompt_time = decode_start - tic
+                mark = clock.mark() if clock is not None else None
             kept = 0
             for token, drafted in zip(step.tokens, step.from_draft):
                 n += 1
@@ -106,7 +108,8 @@ def stream_generate(
                 if finish:
                     if index > 0:
                         recorder.add(step, kept)
-                    stats = _stats(recorder, response, pair.kind, B, profiler)
+                    stats = replace(_stats(recorder, response, pair.kind, B, profiler),
+                                    **collective_fields(clock, mark))
                     yield replace(response, finish_reason=finish, stats=stats)
                     return
                 yield response

@@ -23,6 +23,12 @@ class GenerationStats:
     mode: str  # "ar", "dflash" or "dflash2"
     block_size: int
     host_syncs_per_pass: Optional[float] = None
+    # A target split over distributed ranks (1: one process). Collectives per
+    # target pass after prefill, and the seconds spent in them per pass (None
+    # when not timed, or when the family runs collectives that cannot be timed).
+    ranks: int = 1
+    collectives_per_pass: Optional[float] = None
+    collective_s_per_pass: Optional[float] = None
 
     @property
     def acceptance_rate(self) -> float:
@@ -30,6 +36,17 @@ class GenerationStats:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def collective_fields(clock, mark) -> dict:
+    """`GenerationStats` fields for a split target's `CollectiveClock` since
+    `mark` (taken after prefill); {} for a target in one process."""
+    if clock is None or mark is None:
+        return {}
+    d = clock.mark() - mark
+    timed = clock.timed and clock.complete and d.passes
+    return dict(ranks=clock.ranks, collectives_per_pass=d.collectives / d.passes if d.passes else None,
+                collective_s_per_pass=d.seconds / d.passes if timed else None)
 
 
 class StatsRecorder:

@@ -1,0 +1,31 @@
+"""One rank of the sharded-decode test: `mlx.launch -n 2 --backend ring python
+tests/distributed_driver.py SPEC.json OUT_DIR`. Loads the target split over the
+ranks and the drafters whole, runs `distributed_cases.run_cases`, and writes
+OUT_DIR/rank-R.json. Not a test module itself (pytest does not collect it)."""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import mlx.core as mx  # noqa: E402
+
+from dflash2_mlx.loading.checkpoints import load_drafter, load_target  # noqa: E402
+
+from distributed_cases import run_cases  # noqa: E402
+
+
+def main(spec_path: str, out_dir: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    group = mx.distributed.init(strict=True)
+    target, _ = load_target(spec["target"], group=group)
+    drafters = {kind: load_drafter(path) for kind, path in spec["drafters"].items()}
+    out = run_cases(target, drafters, spec["cases"], spec["max_tokens"])
+    out["ranks"] = group.size()
+    out["collectives_per_pass"] = target.collectives.collectives / max(target.collectives.passes, 1)
+    Path(out_dir, f"rank-{group.rank()}.json").write_text(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
