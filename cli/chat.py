@@ -7,6 +7,7 @@ from typing import Callable, Optional
 
 from dflash2_mlx.errors import DFlashError
 
+from . import distributed
 from . import options as o
 from . import ui
 
@@ -27,16 +28,26 @@ def chat(
     chat_template_config: o.ChatTemplateConfig = None,
     ar: o.AR = False,
     color: o.Color = True,
+    processes: o.Processes = None,
+    hostfile: o.Hostfile = None,
+    rank_timeout: o.RankTimeout = 300.0,
+    time_collectives: o.TimeCollectives = True,
     debug: o.Debug = False,
 ):
     """Chat with a model in the terminal; DFlash 2 speculative decoding unless --ar.
 
     Each turn prefills only its new tokens: the conversation stays in the target's
     and drafter's caches. Type /help for commands; Ctrl-C stops an answer.
+    With --processes / --hostfile the target is split over ranks; every rank
+    reads the same input (mlx.launch relays it) and Ctrl-C ends the chat.
     """
     sampling = o.sampling_params(temp, top_p, top_k, min_p, seed)
     o.check_max_tokens(max_tokens)
     template_kwargs = o.parse_template_config(chat_template_config)
+    if distributed.wants_ranks(processes, hostfile):
+        # The ranks never see the end of their stdin: end the chat for them.
+        return distributed.relaunch(processes, hostfile, relay_stdin=b"/quit\n")
+    rank = distributed.start_rank(rank_timeout) if distributed.in_rank() else None
 
     from dflash2_mlx.device import backend_name
     from dflash2_mlx.loading.load_pair import load_pair
@@ -44,7 +55,8 @@ def chat(
     from dflash2_mlx.text.stats import mode_name
 
     ui.progress_note("loading models…")
-    pair, tokenizer = load_pair(model, None if ar else drafter, draft_quant)
+    pair, tokenizer = load_pair(model, None if ar else drafter, draft_quant,
+                                group=rank.group if rank else None, time_collectives=time_collectives)
     if pair.drafter is None:
         block_size = None
     else:
@@ -60,6 +72,8 @@ def chat(
     else:
         rows.append(("decoding", "plain autoregressive (--ar)"))
     rows += [("max tokens", f"{max_tokens:,}"), ("temperature", f"{temp:g}"), ("backend", backend_name())]
+    if rank is not None:
+        rows.append(("ranks", f"{rank.group.size()} (target split, tensor parallel)"))
     if system_prompt:
         rows.append(("system", system_prompt if len(system_prompt) <= 60 else system_prompt[:57] + "..."))
     if not session.use_chat_template:
@@ -69,7 +83,7 @@ def chat(
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:  # not on every platform
         pass
-    chat_loop(session, input, view)
+    chat_loop(session, input if rank is None else rank.reader(input, pair.target), view)
 
 
 @dataclass(frozen=True)

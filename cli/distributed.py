@@ -174,7 +174,7 @@ def hostfile_ranks(hostfile: str) -> int:
 
 
 # Once one rank has failed, how long the others get to end before they are killed.
-GRACE_S = 10.0
+GRACE_S = 5.0
 
 
 def run_distributed(argv: list[str], processes: Optional[int], hostfile: Optional[str],
@@ -251,9 +251,17 @@ class RankContext:
                           "asleep or unplugged?); stopped. Raise --rank-timeout for very long prompts",
                           lambda: target.collectives.passes)
 
-    def idle(self) -> None:
-        """Waiting for the user (chat): not a hang."""
-        self.watchdog.arm(None)
+    def reader(self, read_line: Callable[[str], str], target) -> Callable[[str], str]:
+        """`read_line` with the watchdog off while it waits for the user."""
+
+        def read(prompt: str) -> str:
+            self.watchdog.arm(None)
+            try:
+                return read_line(prompt)
+            finally:
+                self.watch(target)
+
+        return read
 
 
 def start_rank(timeout: float) -> Optional[RankContext]:
