@@ -31,8 +31,8 @@ from dflash2_mlx.errors import DFlashError
 from . import errors
 
 # How a rank's error line starts: "[rank 1] error: ...". The parent parses it.
-RANK_ERROR = re.compile(r"^\[rank (\d+)\] error: (.*)$")
-_LAUNCHER = re.compile(r"^\[(WARN|INFO|ERROR)\] (.*)$")
+RANK_ERROR = re.compile(r"\[rank (\d+)\] error: (.*)$")
+_LAUNCHER = re.compile(r"\[(WARN|INFO|ERROR)\]|Node with rank \d+ completed")
 _NODE_EXIT = re.compile(r"Node with rank (\d+) exited with code (-?\d+)")
 _NODE_KILLED = re.compile(r"Node with rank (\d+) was killed")
 # The ring/JACCL backends' own messages when a peer goes away; the launcher can
@@ -94,21 +94,23 @@ class RankOutcome:
         return 0.0 if self.first_failure is None else time.monotonic() - self.first_failure
 
     def feed(self, raw: str, out) -> None:
+        # The launcher writes its own lines and the ranks' from two threads, so
+        # pieces of one can land inside another: search, never anchor.
         line = _ANSI.sub("", raw).rstrip("\n")
-        m = RANK_ERROR.match(line)
+        m = RANK_ERROR.search(line)
         if m:
             self.errors.setdefault(int(m.group(1)), m.group(2))
             self.first_failure = self.first_failure or time.monotonic()
             return
-        m = _LAUNCHER.match(line.strip())
-        if m:
-            if (e := _NODE_EXIT.search(m.group(2))):
-                self.exits[int(e.group(1))] = int(e.group(2))
+        if (e := _NODE_EXIT.search(line)):
+            self.exits[int(e.group(1))] = int(e.group(2))
+            if int(e.group(2)) != 0:
                 self.first_failure = self.first_failure or time.monotonic()
-            elif (k := _NODE_KILLED.search(m.group(2))):
-                self.stopped.add(int(k.group(1)))
             return
-        if _BACKEND_NOISE.search(line) or not line.strip():
+        if (k := _NODE_KILLED.search(line)):
+            self.stopped.add(int(k.group(1)))
+            return
+        if _LAUNCHER.search(line) or _BACKEND_NOISE.search(line) or not line.strip():
             return
         if line not in self.seen:
             self.seen.add(line)

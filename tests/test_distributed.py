@@ -85,3 +85,135 @@ def test_two_ranks_match_one_process(family, tmp_path):
         assert r0["tokens"][key] == r1["tokens"][key], key
         assert r0["tokens"][key] == one["tokens"][key], key
         assert len(one["tokens"][key]) == MAX_TOKENS
+
+
+# -- the command line -------------------------------------------------------------------
+
+
+def _dflash2(*args, **kw):
+    return subprocess.Popen([PYTHON, "-m", "dflash2_mlx.cli", *map(str, args)], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), **kw)
+
+
+def _generate_args(family="qwen3", max_tokens=16):
+    return ["generate", "--model", target_folder(family), "--drafter", drafter_folder(family, "dflash2"),
+            "--prompt", "def main():", "--ignore-chat-template", "--max-tokens", max_tokens]
+
+
+@pytest.mark.slow
+def test_generate_two_ranks_json_matches_one_process(cli):
+    code, out, err = cli(_generate_args() + ["--json", "--block-size", "6"])
+    assert code == 0, err
+    one = json.loads(out)
+    run = _dflash2(*_generate_args(), "--json", "--block-size", "6", "--processes", "2")
+    out2, err2 = run.communicate(timeout=180)
+    assert run.returncode == 0, err2
+    two = json.loads(out2)  # only rank 0 printed: one JSON object
+    assert two["token_ids"] == one["token_ids"] and two["text"] == one["text"]
+    stats = two["stats"]
+    assert stats["ranks"] == 2 and one["stats"]["ranks"] == 1
+    assert stats["target_passes"] == one["stats"]["target_passes"]
+    assert stats["collectives_per_pass"] == 2 * 4  # tiny target: 4 layers, 2 all_sums each
+    assert stats["collective_s_per_pass"] > 0
+
+
+def _rank_pids(parent: int) -> dict[int, int]:
+    """rank -> pid of the ranks under `parent` (they carry MLX_RANK)."""
+    found, todo = {}, [parent]
+    while todo:
+        pid = todo.pop()
+        kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+        todo += [int(k) for k in kids]
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for item in env:
+            if item.startswith(b"MLX_RANK=") and b"python" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found[int(item[9:])] = pid
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_a_rank_that_dies_ends_every_rank_with_one_line(how):
+    """SIGKILL: the survivor's collective fails at once. SIGSTOP (a machine gone
+    silent, sockets left open): the watchdog ends the survivor after
+    --rank-timeout, the parent kills the stopped rank."""
+    run = _dflash2(*_generate_args(max_tokens=100000), "--processes", "2", "--rank-timeout", "3")
+    assert run.stdout.read(1)  # rank 0 is generating
+    ranks = _rank_pids(run.pid)
+    assert sorted(ranks) == [0, 1]
+    os.kill(ranks[1], signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+    tic = time.monotonic()
+    try:
+        run.wait(timeout=45)
+    finally:
+        if run.poll() is None:  # leave nothing behind on failure
+            for pid in [*ranks.values(), run.pid]:
+                os.kill(pid, signal.SIGKILL)
+    took = time.monotonic() - tic
+    err = run.stderr.read()
+    assert run.returncode == 1
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    if how == "killed":
+        assert "rank 1 was killed (SIGKILL)" in err
+        assert took < 15
+    else:
+        assert "rank 0: lost contact with another rank: no target pass finished for 3 s" in err
+        assert took < 3 + 5 + 15  # timeout + grace + slack for a loaded machine
+    for pid in ranks.values():
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+@pytest.mark.slow
+def test_family_without_tensor_parallelism_is_refused_by_name():
+    run = _dflash2("generate", "--model", target_folder("gemma3_text"), "--ar", "--prompt", "x",
+                   "--ignore-chat-template", "--processes", "2")
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 1 and out == ""
+    assert err == ("error: target model_type 'gemma3_text' cannot be split over ranks: mlx-lm gives it no "
+                   "tensor or pipeline parallelism; run it in one process (drop --processes / --hostfile)\n")
+
+
+# -- the parent's reading of the ranks (no processes) --------------------------------------
+
+
+def test_parent_names_the_first_cause():
+    import io
+
+    from dflash2_mlx.cli.distributed import RankOutcome
+
+    def outcome(*lines):
+        o, out = RankOutcome(), io.StringIO()
+        for line in lines:
+            o.feed(line + "\n", out)
+        return o, out.getvalue()
+
+    # A killed rank 1: rank 0's lost peer and the launcher's SIGTERM are consequences.
+    o, shown = outcome("[ring] Socket 3 was closed by the peer", "x Sending to socket 4 failed with errno 104",
+                       "[rank 0] error: internal error: RuntimeError: [ring] connection to a peer was lost",
+                       "\x1b[33m[WARN] Node with rank 0 exited with code 1 \x1b[0m",
+                       "\x1b[33m[WARN] Node with rank 1 exited with code -9 \x1b[0m")
+    assert shown == "" and o.failure(0).startswith("rank 1 was killed (SIGKILL)")
+    o, _ = outcome("[WARN] Node with rank 1 exited with code -9", "[WARN] Node with rank 0 exited with code -15")
+    assert o.failure(0).startswith("rank 1 was killed (SIGKILL)")
+    # The same error on every rank is shown once, a rank's own error with its rank.
+    o, _ = outcome("[rank 0] error: bad drafter", "[rank 1] error: bad drafter")
+    assert o.failure(0) == "bad drafter"
+    o, _ = outcome("[rank 1] error: out of memory", "[rank 0] error: lost contact with another rank: ...")
+    assert o.failure(0) == "rank 1: out of memory"
+    # Ordinary lines pass once; a clean run is no failure.
+    o, shown = outcome("warning: x", "\x1b[33m[WARN]", " Node with rank 1 exited with code 0 ", "warning: x",
+                       "[WARN] Node with rank 0 exited with code 0")
+    assert shown == "warning: x\n" and o.failure(0) is None
+
+
+def test_hostfile_and_flag_errors(cli, tmp_path):
+    bad = tmp_path / "hosts.json"
+    bad.write_text("not json")
+    for extra, wanted in [(["--hostfile", tmp_path / "none.json"], "does not exist"),
+                          (["--hostfile", bad], "is not JSON"),
+                          (["--hostfile", bad, "--processes", "2"], "not both")]:
+        code, out, err = cli(_generate_args() + extra)
+        assert code == 1 and err.count("\n") == 1 and wanted in err, err
