@@ -41,6 +41,10 @@ def closing_lines(stats: GenerationStats) -> list[str]:
             f"acceptance rate per position = ({rates})"
         )
     lines.append(f"[{stats.mode}, block {stats.block_size}, {stats.target_passes} target passes, backend {stats.backend}]")
+    if stats.ranks > 1:
+        spent = (f", {1e3 * stats.collective_s_per_pass:.2f} ms in them per pass"
+                 if stats.collective_s_per_pass is not None else "")
+        lines.append(f"[target split over {stats.ranks} ranks: {stats.collectives_per_pass:g} collectives per pass{spent}]")
     return lines
 
 

@@ -217,3 +217,42 @@ def test_hostfile_and_flag_errors(cli, tmp_path):
                           (["--hostfile", bad, "--processes", "2"], "not both")]:
         code, out, err = cli(_generate_args() + extra)
         assert code == 1 and err.count("\n") == 1 and wanted in err, err
+
+
+def test_timed_projection_is_the_sharded_one_bitwise():
+    """The instrumented sharded-to-all projections compute exactly what mlx's
+    own do (plain and quantized, with bias), and the clock counts and times
+    each all_sum. A one-rank group: all_sum is the identity."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.nn.layers.distributed import shard_linear
+
+    from dflash2_mlx.engine.collectives import CollectiveClock, TimedShardedToAll, instrument
+
+    group = mx.distributed.init()
+    mx.random.seed(0)
+    plain = nn.Linear(64, 32, bias=True)
+    quant = nn.QuantizedLinear.from_linear(nn.Linear(64, 32, bias=False), group_size=32, bits=4)
+    block = nn.Module()
+    block.a = shard_linear(plain, "sharded-to-all", group=group)
+    block.b = shard_linear(quant, "sharded-to-all", group=group)
+    x = mx.random.normal((1, 5, 64))
+    want = [block.a(x), block.b(x)]
+    clock = CollectiveClock(group.size(), timed=True)
+    assert instrument(block, clock) == 2
+    assert isinstance(block.a, TimedShardedToAll) and isinstance(block.b, TimedShardedToAll)
+    got = [block.a(x), block.b(x)]
+    assert all(mx.array_equal(g, w).item() for g, w in zip(got, want))
+    assert clock.collectives == 2 and clock.seconds > 0 and clock.complete
+
+
+def test_closing_lines_name_the_ranks():
+    from dflash2_mlx.cli.ui import closing_lines
+    from dflash2_mlx.text.stats import GenerationStats
+
+    base = dict(prompt_tokens=3, generation_tokens=9, prompt_tps=1.0, generation_tps=2.0, target_passes=4,
+                mean_acceptance_length=2.0, acceptance_by_position=[0.5], acceptance_histogram=[2, 2],
+                drafted=4, accepted=2, peak_memory_gb=0.1, backend="cpu", mode="dflash2", block_size=2)
+    assert not any("ranks" in line for line in closing_lines(GenerationStats(**base)))
+    lines = closing_lines(GenerationStats(**base, ranks=2, collectives_per_pass=8.0, collective_s_per_pass=0.0021))
+    assert lines[-1] == "[target split over 2 ranks: 8 collectives per pass, 2.10 ms in them per pass]"
