@@ -101,14 +101,21 @@ def _generate_args(family="qwen3", max_tokens=16):
 
 
 @pytest.mark.slow
-def test_generate_two_ranks_json_matches_one_process(cli):
+def test_generate_two_ranks_json_matches_one_process(cli, tmp_path):
+    """Through --hostfile (two local hosts: the path to several Macs) and a
+    prompt on stdin (read by the launching command: the ranks' stdin never ends)."""
     code, out, err = cli(_generate_args() + ["--json", "--block-size", "6"])
     assert code == 0, err
     one = json.loads(out)
-    run = _dflash2(*_generate_args(), "--json", "--block-size", "6", "--processes", "2")
-    out2, err2 = run.communicate(timeout=180)
-    assert run.returncode == 0, err2
-    two = json.loads(out2)  # only rank 0 printed: one JSON object
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2))
+    args = ["-" if a == "def main():" else a for a in _generate_args()]
+    run = subprocess.run([PYTHON, "-m", "dflash2_mlx.cli", *map(str, args), "--json", "--block-size", "6",
+                          "--hostfile", hosts], input="def main():", capture_output=True, text=True,
+                         env=_env(), timeout=180)
+    assert run.returncode == 0, run.stderr
+    two = json.loads(run.stdout)  # only rank 0 printed: one JSON object
+    assert two["prompt_token_ids"] == one["prompt_token_ids"], (one["prompt_token_ids"], two["prompt_token_ids"])
     assert two["token_ids"] == one["token_ids"] and two["text"] == one["text"]
     stats = two["stats"]
     assert stats["ranks"] == 2 and one["stats"]["ranks"] == 1
