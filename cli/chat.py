@@ -46,7 +46,7 @@ def chat(
     template_kwargs = o.parse_template_config(chat_template_config)
     if distributed.wants_ranks(processes, hostfile):
         # The ranks never see the end of their stdin: end the chat for them.
-        return distributed.relaunch(processes, hostfile, relay_stdin=b"/quit\n")
+        return distributed.relaunch(model, processes, hostfile, relay_stdin=b"/quit\n")
     rank = distributed.start_rank(rank_timeout) if distributed.in_rank() else None
 
     from dflash2_mlx.device import backend_name

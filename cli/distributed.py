@@ -52,12 +52,16 @@ def wants_ranks(processes: Optional[int], hostfile: Optional[str]) -> bool:
     return not in_rank() and (hostfile is not None or (processes or 1) > 1)
 
 
-def relaunch(processes: Optional[int], hostfile: Optional[str], prompt: Optional[str] = None,
+def relaunch(model: str, processes: Optional[int], hostfile: Optional[str], prompt: Optional[str] = None,
              relay_stdin: Optional[bytes] = None) -> None:
     """Run this same command as ranks. `prompt`, when given, replaces the
-    command's --prompt (the parent has read stdin: the ranks' stdin never ends)."""
+    command's --prompt (the parent has read stdin: the ranks' stdin never ends).
+    A target on this disk that cannot be split is refused before any rank starts."""
+    from dflash2_mlx.loading.sharded import check_local_target_splits
+
     if processes is not None and hostfile is not None:
         raise DFlashError("give --processes or --hostfile, not both: the hostfile says how many ranks")
+    check_local_target_splits(model, hostfile_ranks(hostfile) if hostfile else processes)
     argv = without_flags(sys.argv[1:], ("--processes", "--hostfile"))
     if prompt is not None:
         argv = without_flags(argv, ("--prompt", "-p")) + [f"--prompt={prompt}"]

@@ -47,7 +47,7 @@ def generate(
     text = o.read_prompt(prompt)
     if distributed.wants_ranks(processes, hostfile):
         # stdin is read here: the ranks' own stdin never ends under mlx.launch.
-        return distributed.relaunch(processes, hostfile, prompt=text)
+        return distributed.relaunch(model, processes, hostfile, prompt=text)
     rank = distributed.start_rank(rank_timeout) if distributed.in_rank() else None
 
     from dflash2_mlx.loading.load_pair import load_pair
