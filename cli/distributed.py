@@ -57,7 +57,7 @@ def relaunch(model: str, processes: Optional[int], hostfile: Optional[str], prom
     """Run this same command as ranks. `prompt`, when given, replaces the
     command's --prompt (the parent has read stdin: the ranks' stdin never ends).
     A target on this disk that cannot be split is refused before any rank starts."""
-    from dflash2_mlx.loading.sharded import check_local_target_splits
+    from dflash2_mlx.loading.preflight import check_local_target_splits
 
     if processes is not None and hostfile is not None:
         raise DFlashError("give --processes or --hostfile, not both: the hostfile says how many ranks")

@@ -1,7 +1,8 @@
 """One rank of the sharded-decode test: `mlx.launch -n 2 --backend ring python
-tests/distributed_driver.py SPEC.json OUT_DIR`. Loads the target split over the
-ranks and the drafters whole, runs `distributed_cases.run_cases`, and writes
-OUT_DIR/rank-R.json. Not a test module itself (pytest does not collect it)."""
+tests/distributed_driver.py SPEC.json OUT_DIR`. For each family in SPEC: loads
+the target split over the ranks and the drafters whole, runs
+`distributed_cases.run_cases`; writes OUT_DIR/rank-R.json. Not a test module
+itself (pytest does not collect it)."""
 
 import json
 import sys
@@ -17,15 +18,17 @@ from distributed_cases import run_cases  # noqa: E402
 
 
 def main(spec_path: str, out_dir: str) -> None:
-    spec = json.loads(Path(spec_path).read_text())
+    specs = json.loads(Path(spec_path).read_text())  # family -> spec
     group = mx.distributed.init(strict=True)
-    target, _ = load_target(spec["target"], group=group, time_collectives=False)  # counts only
-    drafters = {kind: load_drafter(path) for kind, path in spec["drafters"].items()}
-    out = run_cases(target, drafters, spec["cases"], spec["max_tokens"])
-    out["ranks"] = group.size()
-    out["collectives_per_pass"] = target.collectives.collectives / max(target.collectives.passes, 1)
-    Path(out_dir, f"rank-{group.rank()}.json").write_text(json.dumps(out))
-
+    results = {}
+    for family, spec in specs.items():
+        target, _ = load_target(spec["target"], group=group, time_collectives=False)  # counts only
+        drafters = {kind: load_drafter(path) for kind, path in spec["drafters"].items()}
+        out = run_cases(target, drafters, spec["cases"], spec["max_tokens"])
+        out["ranks"] = group.size()
+        out["collectives_per_pass"] = target.collectives.collectives / max(target.collectives.passes, 1)
+        results[family] = out
+    Path(out_dir, f"rank-{group.rank()}.json").write_text(json.dumps(results))
 
 if __name__ == "__main__":
     main(*sys.argv[1:3])

@@ -47,30 +47,39 @@ def _env() -> dict:
     return env
 
 
+@pytest.fixture(scope="module")
+def sharded_runs(tmp_path_factory):
+    """One two-rank launch runs every family's cases (a launch costs seconds)."""
+    folder = tmp_path_factory.mktemp("sharded")
+    specs = {family: _spec(family) for family in CASES}
+    (folder / "spec.json").write_text(json.dumps(specs))
+    run = subprocess.run(
+        [LAUNCH, "-n", "2", "--backend", "ring", PYTHON, str(HERE / "distributed_driver.py"),
+         str(folder / "spec.json"), str(folder)],
+        stdin=subprocess.PIPE, capture_output=True, text=True, timeout=300, env=_env(),
+    )
+    ranks = [folder / f"rank-{r}.json" for r in (0, 1)]
+    assert all(p.exists() for p in ranks), run.stderr[-2000:]
+    return specs, [json.loads(p.read_text()) for p in ranks]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["qwen3", "llama"])
-def test_two_ranks_match_one_process(family, tmp_path):
+@pytest.mark.parametrize("family", list(CASES))
+def test_two_ranks_match_one_process(family, sharded_runs):
     from dflash2_mlx.loading.checkpoints import load_drafter, load_target
 
     from distributed_cases import case_key, run_cases
 
-    spec = _spec(family)
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    run = subprocess.run(
-        [LAUNCH, "-n", "2", "--backend", "ring", PYTHON, str(HERE / "distributed_driver.py"),
-         str(tmp_path / "spec.json"), str(tmp_path)],
-        stdin=subprocess.PIPE, capture_output=True, text=True, timeout=240, env=_env(),
-    )
-    ranks = [tmp_path / f"rank-{r}.json" for r in (0, 1)]
-    assert all(p.exists() for p in ranks), run.stderr[-2000:]
-    r0, r1 = (json.loads(p.read_text()) for p in ranks)
+    specs, ranks = sharded_runs
+    spec = specs[family]
+    r0, r1 = (r[family] for r in ranks)
 
     # The one-process reference, in this process.
     target, _ = load_target(spec["target"])
     drafters = {k: load_drafter(p) for k, p in spec["drafters"].items()}
     one = run_cases(target, drafters, spec["cases"], MAX_TOKENS)
 
-    assert r0["ranks"] == 2
+    assert r0["ranks"] == r1["ranks"] == 2
     # Two sharded-to-all projections per layer, all inside the layers.
     assert r0["collectives_per_pass"] == 2 * target.num_layers
     # Every rank holds the same whole logits and captured features, bitwise...
