@@ -9,6 +9,7 @@ between the two families, T=0 and T=1 with one seed).
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -283,3 +284,23 @@ def test_closing_lines_name_the_ranks():
     assert not any("ranks" in line for line in closing_lines(GenerationStats(**base)))
     lines = closing_lines(GenerationStats(**base, ranks=2, collectives_per_pass=8.0, collective_s_per_pass=0.0021))
     assert lines[-1] == "[target split over 2 ranks: 8 collectives per pass, 2.10 ms in them per pass]"
+
+
+@pytest.mark.slow
+def test_chat_two_ranks_same_answers_and_cache_reuse():
+    """Every rank reads the relayed input; two turns (the second continues from
+    the caches) and a /set that switches to sampling give rank 0 the same text
+    as one process."""
+    args = [PYTHON, "-m", "dflash2_mlx.cli", "chat", "--model", str(target_folder("qwen3")), "--drafter",
+            str(drafter_folder("qwen3", "dflash2")), "--max-tokens", "10", "--seed", "3",
+            "--ignore-chat-template", "--no-color", "--block-size", "5"]
+    turns = "def main():\n/set temp 1\n    return\n"
+    runs = [subprocess.run(args + extra, input=turns, capture_output=True, text=True, env=_env(), timeout=180)
+            for extra in ([], ["--processes", "2"])]
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+    answers = [[line for line in run.stdout.splitlines() if line.startswith(">>>")] for run in runs]
+    assert len(answers[0]) == 4 and answers[0] == answers[1]  # two answers, the /set notice, bye
+    # The second turn prefilled only its new tokens on the ranks too.
+    reuse = [re.findall(r"\((\d+) new, (\d+) cached\)", run.stdout) for run in runs]
+    assert reuse[0] == reuse[1] and len(reuse[1]) == 2 and int(reuse[1][1][1]) > 0, reuse
