@@ -1,32 +1,48 @@
-"""Load a target split over MLX distributed ranks, with the model's own `shard()`.
+"""Load a target split over MLX distributed ranks, the way its mlx-lm model
+can be split: tensor parallel with its own `shard()` where it has one, else
+pipeline parallel with its `pipeline()`. Families with neither are refused by
+name.
 
-Each rank reads the checkpoint lazily and keeps only its slices (as mlx-lm's
-`sharded_load` does); the drafter is small and loaded whole on every rank.
-Families mlx-lm cannot split by tensor parallelism are refused by name.
+Each rank reads the checkpoint lazily and keeps only its slices or layers (as
+mlx-lm's `sharded_load` does); the drafter is small and loaded whole on every
+rank.
 """
-
-from typing import Optional
 
 import mlx.core as mx
 
 from ..engine.collectives import CollectiveClock, instrument
+from ..engine.pipelined import PipelinedTarget
 from ..engine.sharded import ShardedTarget
+from ..engine.target import Target
 from ..errors import UnsupportedModelError
 
 
+def split_kind(model) -> str:
+    """'tensor' or 'pipeline': how mlx-lm can split this (lazily built) model."""
+    if hasattr(model, "shard"):
+        return "tensor"
+    if hasattr(getattr(model, "model", None), "pipeline"):
+        return "pipeline"
+    return ""
+
+
 def check_shardable(model, model_type: str, ranks: int) -> None:
-    """Refuse a (lazily loaded) target that `ranks` ranks cannot split, before
-    any weight is read. The tests are mlx-lm's own (`sharded_load`)."""
-    if not hasattr(model, "shard"):
-        how = ("only pipeline parallelism, which dflash2 does not run yet"
-               if hasattr(getattr(model, "model", None), "pipeline") else "no tensor or pipeline parallelism")
+    """Refuse a (lazily built) target that `ranks` ranks cannot split, before
+    any weight is read."""
+    kind = split_kind(model)
+    if not kind:
         raise UnsupportedModelError(
-            f"target model_type '{model_type}' cannot be split over ranks: mlx-lm gives it {how}; "
-            "run it in one process (drop --processes / --hostfile)"
+            f"target model_type '{model_type}' cannot be split over ranks: mlx-lm gives it no tensor or "
+            "pipeline parallelism; run it in one process (drop --processes / --hostfile)"
         )
     args = model.args
     text = getattr(args, "text_config", None)
     dims = text if isinstance(text, dict) else vars(args)
+    if kind == "pipeline":
+        layers = dims.get("num_hidden_layers")
+        if isinstance(layers, int) and layers < ranks:
+            raise UnsupportedModelError(f"target has {layers} layers: too few for {ranks} pipeline ranks")
+        return
     for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
         value = dims.get(key)
         # qwen3_5 repeats key/value heads when there are fewer than ranks.
@@ -38,16 +54,18 @@ def check_shardable(model, model_type: str, ranks: int) -> None:
             )
 
 
-def shard_target(model, model_type: str, group: mx.distributed.Group, time_collectives: bool = True) -> ShardedTarget:
+def shard_target(model, model_type: str, group: mx.distributed.Group, time_collectives: bool = True) -> Target:
     """Split a lazily loaded mlx-lm `model` over `group` and wrap it."""
     check_shardable(model, model_type, group.size())
+    clock = CollectiveClock(group.size(), timed=time_collectives)
+    if split_kind(model) == "pipeline":
+        return PipelinedTarget(model, group, clock)
     try:
         model.shard(group)
     except (ValueError, AssertionError) as e:
         raise UnsupportedModelError(
             f"target '{model_type}' does not split over {group.size()} ranks: {str(e).splitlines()[0]}"
         ) from None
-    clock = CollectiveClock(group.size(), timed=time_collectives)
     instrument(model, clock)
     return ShardedTarget(model, group, clock)
 
@@ -56,4 +74,3 @@ def barrier(group: mx.distributed.Group) -> None:
     """Every rank has finished loading (a slow loader would otherwise make the
     first collective of generation time out on the others)."""
     mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group, stream=mx.cpu))
-
