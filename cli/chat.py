@@ -73,7 +73,7 @@ def chat(
         rows.append(("decoding", "plain autoregressive (--ar)"))
     rows += [("max tokens", f"{max_tokens:,}"), ("temperature", f"{temp:g}"), ("backend", backend_name())]
     if rank is not None:
-        rows.append(("ranks", f"{rank.group.size()} (target split, tensor parallel)"))
+        rows.append(("ranks", f"{rank.group.size()} (the target split over them)"))
     if system_prompt:
         rows.append(("system", system_prompt if len(system_prompt) <= 60 else system_prompt[:57] + "..."))
     if not session.use_chat_template:

@@ -34,7 +34,7 @@ def generate(
     """Generate a completion with DFlash / DFlash 2 speculative decoding (or --ar).
 
     With --processes N or --hostfile FILE the target is split over N ranks
-    (tensor parallel), the drafter copied to each; rank 0 prints.
+    (tensor or pipeline parallel), the drafter copied to each; rank 0 prints.
     """
     # Everything checkable without loading a model is checked first.
     sampling = o.sampling_params(temp, top_p, top_k, min_p, seed)

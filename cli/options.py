@@ -130,7 +130,7 @@ def parse_template_config(raw: Optional[str]) -> dict:
 Processes = Annotated[
     Optional[int],
     typer.Option("--processes", min=1,
-                 help="Split the target over N ranks on this machine (tensor parallel, mlx.launch, ring backend)."),
+                 help="Split the target over N ranks on this machine (tensor or pipeline parallel; mlx.launch, ring backend)."),
 ]
 Hostfile = Annotated[
     Optional[str],

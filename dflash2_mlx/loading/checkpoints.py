@@ -78,7 +78,7 @@ def load_target(
     Quantized targets (mlx-lm's `quantization` metadata) keep their packed
     weights; only float parameters and activations take `activation_dtype`.
     With a distributed `group` of more than one rank the target is split over
-    it (tensor parallel, loading/sharded.py) and `time_collectives` times its
+    it (tensor or pipeline parallel, loading/sharded.py) and `time_collectives` times its
     all_sums.
     """
     from mlx_lm.utils import load_model, load_tokenizer  # 1 s of imports: keep lazy
