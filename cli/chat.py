@@ -145,6 +145,9 @@ def chat_loop(session, read_line: Callable[[str], str], view, on_token: Optional
         except EOFError:
             view.notice("bye")
             return
+        except UnicodeDecodeError as e:  # input() decodes strictly; the turn is skipped, the chat goes on
+            view.error(f"that line is not valid UTF-8 text (byte 0x{e.object[e.start]:02x}): type it again")
+            continue
         except KeyboardInterrupt:
             view.console.print()
             if interrupted_at_prompt:

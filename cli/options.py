@@ -5,6 +5,14 @@ from typing import Annotated, Optional
 
 import typer
 
+from .stdio import check_text
+
+
+def _utf8(flag: str):
+    """An option callback refusing text that is not UTF-8, when the flags are read."""
+    return lambda value: check_text(value, flag)
+
+
 Model = Annotated[str, typer.Option("--model", help="Target: Hub repo id, local folder, or 'builtin'.")]
 Drafter = Annotated[
     str,
@@ -12,7 +20,8 @@ Drafter = Annotated[
                  help="DFlash / DFlash 2 drafter: Hub repo id (org/name[@revision]), local folder, "
                       "'builtin' (DFlash 2) or 'builtin-dflash'."),
 ]
-Prompt = Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text; '-' reads stdin.")]
+Prompt = Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text; '-' reads stdin.",
+                                               callback=_utf8("--prompt"))]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", "-m", help="Maximum tokens to generate.")]
 Temp = Annotated[float, typer.Option("--temp", "--temperature", help="Sampling temperature; 0 is greedy.")]
 TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling threshold (1 = off).")]
@@ -29,7 +38,8 @@ DraftQuant = Annotated[
     Optional[str],
     typer.Option("--draft-quant", help="Quantize the drafter in memory, e.g. w4a32:gs64, w8a32, w4abf16."),
 ]
-SystemPrompt = Annotated[Optional[str], typer.Option("--system-prompt", help="System message for the chat template.")]
+SystemPrompt = Annotated[Optional[str], typer.Option("--system-prompt", help="System message for the chat template.",
+                                                     callback=_utf8("--system-prompt"))]
 IgnoreChatTemplate = Annotated[
     bool, typer.Option("--ignore-chat-template", help="Feed the prompt as raw text, without the chat template."),
 ]
@@ -100,14 +110,14 @@ def check_max_tokens(max_tokens: int) -> None:
 
 
 def read_prompt(prompt: Optional[str]) -> str:
-    """The text of --prompt ('-' reads stdin)."""
-    import sys
-
+    """The text of --prompt ('-' reads stdin), refused unless it is UTF-8."""
     from dflash2_mlx.errors import DFlashError
+
+    from .stdio import check_text, read_stdin
 
     if prompt is None:
         raise DFlashError("no prompt: pass --prompt TEXT (or --prompt - to read stdin)")
-    return sys.stdin.read() if prompt == "-" else prompt
+    return read_stdin() if prompt == "-" else check_text(prompt, "--prompt")
 
 
 def parse_template_config(raw: Optional[str]) -> dict:
@@ -116,10 +126,12 @@ def parse_template_config(raw: Optional[str]) -> dict:
 
     from dflash2_mlx.errors import DFlashError
 
+    from .stdio import check_text
+
     if not raw:
         return {}
     try:
-        value = json.loads(raw)
+        value = json.loads(check_text(raw, "--chat-template-config"))
     except json.JSONDecodeError as e:
         raise DFlashError(f"--chat-template-config is not valid JSON ({e.msg}): e.g. '{{\"enable_thinking\": false}}'") from None
     if not isinstance(value, dict):
