@@ -13,7 +13,7 @@ from . import ui
 
 def bench(
     model: o.Model = "builtin",
-    drafter: o.BenchDrafter = "builtin",
+    drafter: o.BenchDrafter = None,
     dflash_drafter: o.DFlashDrafter = None,
     draft_model: o.ArDraftModel = None,
     suite: o.Suite = "code,chat,maths",
@@ -49,6 +49,10 @@ def bench(
         raise DFlashError(f"--repeats {repeats} must be at least 1")
     sizes = _parse_sizes(block_sizes) if block_sizes else None
     template_kwargs = o.parse_template_config(chat_template_config)
+    if drafter is None and (dflash_drafter or draft_model):
+        pass  # the other drafter is the one benchmarked
+    else:
+        drafter = o.drafter_for(model, drafter, instead="--dflash-drafter or --ar-draft-model")
     from dflash2_mlx.tools.suites import builtin_prompts, read_prompts
 
     chosen = read_prompts(prompts, max_prompts) if prompts else builtin_prompts(

@@ -13,7 +13,7 @@ from . import ui
 
 def chat(
     model: o.Model = "builtin",
-    drafter: o.Drafter = "builtin",
+    drafter: o.Drafter = None,
     max_tokens: o.MaxTokens = 512,
     temp: o.Temp = 0.0,
     top_p: o.TopP = 1.0,
@@ -37,6 +37,7 @@ def chat(
     sampling = o.sampling_params(temp, top_p, top_k, min_p, seed)
     o.check_max_tokens(max_tokens)
     template_kwargs = o.parse_template_config(chat_template_config)
+    drafter = o.drafter_for(model, drafter, ar)
 
     from dflash2_mlx.device import backend_name
     from dflash2_mlx.loading.load_pair import load_pair
@@ -44,7 +45,7 @@ def chat(
     from dflash2_mlx.text.stats import mode_name
 
     ui.progress_note("loading models…")
-    pair, tokenizer = load_pair(model, None if ar else drafter, draft_quant)
+    pair, tokenizer = load_pair(model, drafter, draft_quant)
     if pair.drafter is None:
         block_size = None
     else:

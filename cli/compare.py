@@ -12,7 +12,7 @@ from . import ui
 
 def compare(
     model: o.Model = "builtin",
-    drafter: o.Drafter = "builtin",
+    drafter: o.Drafter = None,
     prompt: o.Prompt = None,
     max_tokens: o.MaxTokens = 128,
     temp: o.Temp = 0.0,
@@ -48,6 +48,7 @@ def compare(
     if replay_speed <= 0:
         raise DFlashError(f"--replay-speed {replay_speed} must be positive")
     template_kwargs = o.parse_template_config(chat_template_config)
+    drafter = o.drafter_for(model, drafter, instead="run `dflash2 generate --ar` for plain decoding alone")
     if prompt is None:
         from dflash2_mlx.tools.suites import SUITES
 

@@ -9,7 +9,7 @@ from . import ui
 
 def generate(
     model: o.Model = "builtin",
-    drafter: o.Drafter = "builtin",
+    drafter: o.Drafter = None,
     prompt: o.Prompt = None,
     max_tokens: o.MaxTokens = 256,
     temp: o.Temp = 0.0,
@@ -35,13 +35,14 @@ def generate(
 
         warnings.warn("--block-size and --draft-quant do nothing with --ar (no drafter is used)")
     template_kwargs = o.parse_template_config(chat_template_config)
+    drafter = o.drafter_for(model, drafter, ar)
     text = o.read_prompt(prompt)
 
     from dflash2_mlx.loading.load_pair import load_pair
     from dflash2_mlx.text.generate import stream_generate
     from dflash2_mlx.text.prompt import build_prompt
 
-    pair, tokenizer = load_pair(model, None if ar else drafter, draft_quant)
+    pair, tokenizer = load_pair(model, drafter, draft_quant)
     block_size = pair.block_size(block_size, "--block-size") if pair.drafter is not None else None
     ids = build_prompt(tokenizer, text, system_prompt, not ignore_chat_template, template_kwargs)
     responses = stream_generate(

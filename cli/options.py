@@ -15,10 +15,10 @@ def _utf8(flag: str):
 
 Model = Annotated[str, typer.Option("--model", help="Target: Hub repo id, local folder, or 'builtin'.")]
 Drafter = Annotated[
-    str,
+    Optional[str],
     typer.Option("--drafter", "--draft-model",
                  help="DFlash / DFlash 2 drafter: Hub repo id (org/name[@revision]), local folder, "
-                      "'builtin' (DFlash 2) or 'builtin-dflash'."),
+                      "'builtin' (DFlash 2) or 'builtin-dflash' (default: 'builtin' with the built-in target)."),
 ]
 Prompt = Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text; '-' reads stdin.",
                                                callback=_utf8("--prompt"))]
@@ -60,7 +60,8 @@ ReplaySpeed = Annotated[float, typer.Option("--replay-speed", help="Replay at th
 BenchDrafter = Annotated[
     Optional[str],
     typer.Option("--drafter", "--draft-model",
-                 help="DFlash 2 (or DFlash) drafter to benchmark: Hub repo id, local folder or 'builtin'."),
+                 help="DFlash 2 (or DFlash) drafter to benchmark: Hub repo id, local folder or 'builtin' "
+                      "(default: 'builtin' with the built-in target)."),
 ]
 DFlashDrafter = Annotated[
     Optional[str], typer.Option("--dflash-drafter", help="A second drafter, usually DFlash (v1), to benchmark alongside."),
@@ -100,6 +101,22 @@ def sampling_params(temp: float, top_p: float, top_k: int, min_p: float, seed: O
     from dflash2_mlx.engine.sampling import SamplingParams
 
     return SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
+
+
+def drafter_for(model: str, drafter: Optional[str], ar: bool = False, instead: str = "--ar for plain decoding"):
+    """The drafter to load (None with --ar). The built-in drafter is the default
+    only for the built-in target: paired with any other it would only fail the
+    compatibility checks, blaming a drafter the user never chose."""
+    from dflash2_mlx.errors import DFlashError
+
+    if ar:
+        return None
+    if drafter is not None:
+        return drafter
+    if model == "builtin":
+        return "builtin"
+    raise DFlashError(f"no drafter given for --model {model}: pass --drafter (a DFlash or DFlash 2 drafter "
+                      f"trained for this target) or {instead}")
 
 
 def check_max_tokens(max_tokens: int) -> None:
