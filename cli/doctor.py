@@ -1,12 +1,12 @@
 """`dflash2 doctor`: check the install, the memory, the pair and its acceptance."""
 
 import json
-import sys
 
 from dflash2_mlx.errors import DFlashError
 
 from . import options as o
 from . import ui
+from .stdio import write_whole
 
 
 def doctor(
@@ -55,7 +55,7 @@ def doctor(
     if json_output:
         record = {"kind": "dflash2-doctor", "ok": not found, "problems": found,
                   "sections": [s.to_dict() for s in sections]}
-        sys.stdout.write(json.dumps(record) + "\n")
+        write_whole(json.dumps(record) + "\n")
     else:
         ui.console.print(ui.doctor_summary(found))
     if found:

@@ -1,10 +1,10 @@
 """`dflash2 generate`: one completion, streamed or as one JSON object."""
 
 import json
-import sys
 
 from . import options as o
 from . import ui
+from .stdio import write_whole
 
 
 def generate(
@@ -61,7 +61,7 @@ def generate(
             "text": "".join(pieces), "prompt_token_ids": ids, "token_ids": tokens,
             "from_draft": from_draft, "stats": last.stats.to_dict(),
         }
-        sys.stdout.write(json.dumps(record) + "\n")
+        write_whole(json.dumps(record) + "\n")  # a Ctrl-C leaves all of it or nothing
     else:
         ui.print_closing(last.stats)
 
