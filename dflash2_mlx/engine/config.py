@@ -10,6 +10,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Optional
 
 from ..errors import ConfigError
+from .config_check import check_config_values
 
 # Keys that may sit at the top level or inside `dflash_config`.
 _NESTED_KEYS = (
@@ -77,9 +78,12 @@ class DrafterConfig:
     def from_dict(cls, config: dict[str, Any]) -> "DrafterConfig":
         flat = dict(config)
         nested = config.get("dflash_config") or {}
+        if not isinstance(nested, dict):
+            raise ConfigError(f"drafter config.json: dflash_config is {nested!r}; it must be a JSON object")
         for key in _NESTED_KEYS:
             if nested.get(key) is not None:
                 flat[key] = nested[key]
+        check_config_values(cls, flat)  # types and ranges, naming the key, before any is used
         _refuse_unimplemented(flat)
         known = {f.name for f in fields(cls)}
         required = [
