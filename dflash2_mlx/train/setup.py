@@ -87,6 +87,7 @@ def prepare(
     check_run_options(kind, num_layers, block_size, seq_len, selector_rank, regenerate_tokens)
     out_dir = Path(out_dir).expanduser()
     check_out_dir(out_dir)  # before anything is written into it
+    examples = read_examples(data)  # bad data fails before the folder is made
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         probe = out_dir / f".write-test-{os.getpid()}"  # one per process: ranks share the folder
@@ -95,7 +96,6 @@ def prepare(
     except OSError as e:
         raise DFlashError(f"cannot write to output folder '{out_dir}' ({e.strerror}): choose another --out") from None
 
-    examples = read_examples(data)
     target, tokenizer = load_target(resolve_builtin(target_ref, "target"), activation_dtype=mx.float32)
     if init_from:
         from ..loading.hub import resolve
