@@ -85,6 +85,10 @@ def bench(
         if draft_quant:
             quantize_drafter(second.drafter, DraftQuant.parse(draft_quant))
         pairs.append(second)
+    for B in sizes or []:  # an explicit size no drafter can draft is refused, in the pair's words
+        refusals = [_refusal(p, B) for p in pairs]
+        if refusals and all(refusals):
+            raise refusals[0]
     if sizes is None:
         top = max((p.max_block_size for p in pairs), default=16)
         sizes = [B for B in (4, 8, 16) if B <= top] or [top]
@@ -104,6 +108,17 @@ def bench(
         ui.console.print(ui.bench_report(record))
     if failed:
         raise failed[0]
+
+
+def _refusal(pair, B: int):
+    """The pair's BlockSizeError for `B`, or None when it can draft B."""
+    from dflash2_mlx.errors import BlockSizeError
+
+    try:
+        pair.block_size(B, "--block-sizes")
+    except BlockSizeError as e:
+        return e
+    return None
 
 
 def _parse_sizes(raw: str) -> list[int]:

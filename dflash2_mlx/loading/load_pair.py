@@ -6,9 +6,10 @@ from typing import Optional
 import mlx.core as mx
 
 from ..engine.pair import Pair
+from ..errors import DFlashError
 from .builtin import resolve_builtin
 from .checkpoints import load_drafter, load_target
-from .quantize import DraftQuant, quantize_drafter
+from .quantize import DraftQuant, is_quantized, quantize_drafter
 
 
 def load_pair(
@@ -26,7 +27,14 @@ def load_pair(
     quant = DraftQuant.parse(draft_quant) if draft_quant else None
     drafter = None
     if drafter_ref:
-        drafter = load_drafter(resolve_builtin(drafter_ref, "drafter"), activation_dtype=activation_dtype)
+        with warnings.catch_warnings(record=True) as held:  # said only if the drafter is used as it is
+            warnings.simplefilter("always")
+            drafter = load_drafter(resolve_builtin(drafter_ref, "drafter"), activation_dtype=activation_dtype)
+        if quant and is_quantized(drafter):  # quantizing packed weights again would be silently skipped
+            raise DFlashError(f"drafter '{drafter_ref}' is already quantized: drop --draft-quant, or quantize "
+                              "the original (unquantized) drafter instead")
+        for w in held:
+            warnings.warn(w.message, w.category)
     target, tokenizer = load_target(
         resolve_builtin(target_ref, "target"), activation_dtype=activation_dtype,
         tokenizer_config=tokenizer_config,
