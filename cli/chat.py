@@ -66,6 +66,8 @@ def chat(
     if not session.use_chat_template:
         rows.append(("template", "none (raw text)"))
     view.header(rows)
+    if model == "builtin":
+        view.notice(ui.builtin_notice(pair.target))
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:  # not on every platform

@@ -43,6 +43,8 @@ def generate(
     from dflash2_mlx.text.prompt import build_prompt
 
     pair, tokenizer = load_pair(model, drafter, draft_quant)
+    if model == "builtin" and not json_output:
+        ui.status(ui.builtin_notice(pair.target))
     block_size = pair.block_size(block_size, "--block-size") if pair.drafter is not None else None
     ids = build_prompt(tokenizer, text, system_prompt, not ignore_chat_template, template_kwargs)
     responses = stream_generate(

@@ -52,7 +52,19 @@ def print_closing(stats: GenerationStats) -> None:
 
 
 def status(message: str) -> None:
-    err_console.print(f"[dim]{message}[/dim]")
+    """A muted note on stderr: one line, whatever the width; the text is never read as markup."""
+    from rich.text import Text
+
+    err_console.print(Text(message, style="dim"), soft_wrap=True)
+
+
+def builtin_notice(target) -> str:
+    """Why the built-in pair's text reads oddly (its size counted, not typed in)."""
+    from mlx.utils import tree_flatten
+
+    params = sum(v.size for _, v in tree_flatten(target.model.parameters()))
+    return (f"the built-in pair is a demo: a {params / 1e6:.1f}M-parameter target trained on the Python standard "
+            "library, so expect odd text; pass --model and --drafter for a real pair")
 
 
 def progress_note(message: str) -> None:

@@ -41,6 +41,7 @@ class TurnResult:
 
 # Settings `/set NAME VALUE` can change, with their types.
 SETTINGS = {"temp": float, "top_p": float, "top_k": int, "min_p": float, "max_tokens": int, "block_size": int}
+_A_TYPE = {int: "an integer", float: "a number"}  # "/set top_k needs an integer, not 'x'"
 
 
 class ChatSession:
@@ -95,7 +96,7 @@ class ChatSession:
         try:
             value = SETTINGS[name](raw)
         except ValueError:
-            raise DFlashError(f"/set {name} needs a {SETTINGS[name].__name__}, not '{raw}'") from None
+            raise DFlashError(f"/set {name} needs {_A_TYPE.get(SETTINGS[name], SETTINGS[name].__name__)}, not '{raw}'") from None
         if name == "max_tokens":
             if value < 1:
                 raise DFlashError(f"max_tokens {value} must be at least 1")

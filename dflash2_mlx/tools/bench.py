@@ -189,6 +189,8 @@ def run_bench(
                     ar_tokens[rep] = r["token_ids"]
                 runs.append(BenchRun(prompt.suite, prompt.index, mode, B, rep, identical_to_ar=None, **r))
                 done += 1
+    if on_run:  # after the last run too, so a progress display reaches total/total
+        on_run(done, total, "done")
         if sampling.greedy:  # parity against plain decoding of the same prompt
             ref = ar_tokens[0]
             for i in range(len(runs) - repeats * len(configs), len(runs)):
