@@ -285,7 +285,7 @@ def test_broken_target_folders(cli, pair, tmp_path, change, words):
     ("hidden_size", "64"), ("rms_norm_eps", "x"), ("layer_types", 5), ("dflash_config.block_size", "16"),
     ("dflash_config.target_layer_ids", "1,2"), ("head_dim", [1]), ("dflash_config", 3), ("rope_theta", "a"),
     ("num_attention_heads", 0), ("hidden_size", -64), ("architectures", "DFlash2DraftModel"),
-    ("num_hidden_layers", 2.5), ("dflash_config.mask_token_id", -1), ("attention_bias", "no"),
+    ("num_hidden_layers", 2.5), ("dflash_config.mask_token_id", "0"), ("attention_bias", "no"),
 ])
 def test_drafter_config_fields_of_the_wrong_type(cli, pair, tmp_path, key, value):
     import shutil
@@ -391,3 +391,19 @@ def test_chat_set_says_an_integer():
     session = ChatSession(Pair.make(target, drafter), tokenizer)
     with pytest.raises(DFlashError, match="needs an integer"):
         session.set("max_tokens", "many")
+
+
+def test_bench_progress_reaches_the_last_run(pair):
+    from dflash2_mlx.engine.pair import Pair
+    from dflash2_mlx.loading.checkpoints import load_drafter, load_target
+    from dflash2_mlx.text.prompt import build_prompt
+    from dflash2_mlx.tools.bench import run_bench
+    from dflash2_mlx.tools.suites import builtin_prompts
+
+    target, tokenizer = load_target(str(pair["target"]))
+    p = Pair.make(target, load_drafter(str(pair["drafter"])))
+    prompts = [(q, build_prompt(tokenizer, q.text, None, True, {})) for q in builtin_prompts(["code"], 1)]
+    calls = []
+    run_bench(target, tokenizer, prompts, pairs=[p], block_sizes=[4], repeats=1, max_tokens=2,
+              on_run=lambda done, total, info: calls.append((done, total)))
+    assert calls[-1][0] == calls[-1][1] == 2  # AR and DFlash 2 block 4: the bar ends at 2/2

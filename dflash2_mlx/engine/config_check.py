@@ -13,14 +13,14 @@ from dataclasses import fields
 
 from ..errors import ConfigError
 
-# Sizes and counts that must be at least 1 (ids such as mask_token_id may be 0).
+# Sizes and counts that must be at least 1.
 POSITIVE = {
     "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
     "vocab_size", "head_dim", "max_position_embeddings", "sliding_window", "block_size", "num_target_layers",
     "conv_group_size", "conv_kernel_size", "selector_rank", "selector_top_k", "rms_norm_eps", "rope_theta",
     "max_window_layers",
 }
-NON_NEGATIVE = {"mask_token_id", "target_layer_ids"}
+# Ids (target_layer_ids, mask_token_id) are checked against the target by the Pair, which can say what fits.
 
 
 def check_config_values(cls, values: dict, what: str = "drafter") -> None:
@@ -39,8 +39,6 @@ def check_config_values(cls, values: dict, what: str = "drafter") -> None:
         numbers = value if isinstance(value, list) else [value]
         if f.name in POSITIVE and any(x <= 0 for x in numbers):
             raise ConfigError(f"{what} config.json: {f.name} is {_show(value)}; it must be positive")
-        if f.name in NON_NEGATIVE and any(x < 0 for x in numbers):
-            raise ConfigError(f"{what} config.json: {f.name} is {_show(value)}; it must not be negative")
     heads, kv = values.get("num_attention_heads"), values.get("num_key_value_heads")
     if isinstance(heads, int) and isinstance(kv, int) and heads > 0 and kv > 0 and heads % kv:
         raise ConfigError(f"{what} config.json: num_attention_heads {heads} is not a multiple of "

@@ -1,7 +1,6 @@
 """Load targets (through mlx-lm) and drafters (strictly, from the released format)."""
 
 import json
-import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -174,11 +173,7 @@ def load_drafter(
         apply_saved_quantization(drafter, quantization)
     check_weights(drafter, weights, folder)
     drafter.load_weights(list(weights.items()), strict=True)
-    dtype = activation_dtype or saved_activation_dtype(raw) or default_activation_dtype()
-    if dtype == mx.float16:  # the same pitfall as `--draft-quant w4a16`, met in a saved copy
-        warnings.warn(f"drafter '{ref}' runs with fp16 activations, which overflow DFlash residuals and can "
-                      "zero acceptance on M1/M2: quantize the original again with a32 or abf16")
-    drafter.set_dtype(dtype)
+    drafter.set_dtype(activation_dtype or saved_activation_dtype(raw) or default_activation_dtype())
     drafter.eval()
     mx.eval(drafter.parameters())
     return drafter

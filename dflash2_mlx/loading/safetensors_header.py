@@ -24,17 +24,18 @@ def check_safetensors(path: Path, what: str) -> None:
     except OSError as e:
         raise CheckpointError(f"{what} weights '{path}' cannot be read ({e.strerror})") from None
     if n < 0 or n > size - 8:
-        raise CheckpointError(f"{what} weights '{path}' are truncated ({size:,} bytes, the header is cut "
-                              "short): download them again")
+        raise CheckpointError(f"{what} weights '{path}' are truncated or corrupt (the header is cut short at "
+                              f"{size:,} bytes): download them again")
     try:
         tensors = json.loads(header)
         ends = [t["data_offsets"][1] for name, t in tensors.items() if name != "__metadata__"]
         needed = 8 + n + max(ends, default=0)
     except (ValueError, TypeError, KeyError, IndexError, AttributeError):
-        raise CheckpointError(f"{what} weights '{path}' are not a safetensors file (unreadable header): "
+        raise CheckpointError(f"{what} weights '{path}' are truncated or corrupt (not a safetensors header): "
                               "download them again") from None
     if not isinstance(needed, int):
-        raise CheckpointError(f"{what} weights '{path}' have a corrupt header: download them again")
+        raise CheckpointError(f"{what} weights '{path}' are truncated or corrupt (bad tensor offsets): "
+                              "download them again")
     if needed > size:
-        raise CheckpointError(f"{what} weights '{path}' are truncated ({size:,} of {needed:,} bytes): "
+        raise CheckpointError(f"{what} weights '{path}' are truncated or corrupt ({size:,} of {needed:,} bytes): "
                               "download them again")
