@@ -165,3 +165,13 @@ def test_the_library_never_reads_environment_variables():
 def test_the_checks_catch_planted_violations(graph, found):
     assert bool(upward_edges(graph)) == (found == "up")
     assert bool(cycles(graph)) == (found == "cycle")
+
+
+def test_every_room_ships_in_the_wheel():
+    """pyproject lists packages by hand: a room missing there works in an
+    editable install and is absent from a wheel."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    rooms = {m for m, p in module_files().items() if p.name == "__init__.py"}
+    assert rooms - listed == set()
