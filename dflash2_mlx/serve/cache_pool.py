@@ -8,7 +8,7 @@ least recently used first. Only the service's worker thread touches the pool.
 """
 
 from collections import OrderedDict
-from typing import Callable, Optional
+from typing import Callable
 
 from ..engine.decode import DecodeCache
 

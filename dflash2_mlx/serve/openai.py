@@ -13,7 +13,7 @@ from typing import AsyncIterator, Optional
 
 from ..text.generate import encode_prompt
 from .errors import ApiError
-from .fields import check_range, get, stop_list
+from .fields import get, stop_list
 from .jobs import Delta, Failed, Finished, GenerationRequest, Job, Started
 from .render import ReasoningSplitter, conversation_ids, starts_thinking, think_tags
 from .sampling_fields import check_model, check_prompt_length, read_max_tokens, read_sampling
