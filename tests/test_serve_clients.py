@@ -93,6 +93,11 @@ def test_anthropic_greedy_equals_generate(server, reference):
         final = s.get_final_message()
     assert text == reference["text"]
     assert final.stop_reason in ("end_turn", "max_tokens")
+    # A stop sequence inside the greedy answer ends it there, and is named.
+    stop = reference["text"].strip().split()[1]
+    m = client.messages.create(model="builtin", max_tokens=N, messages=MESSAGES, stop_sequences=[stop])
+    assert m.stop_reason == "stop_sequence" and m.stop_sequence == stop
+    assert m.content[0].text == reference["text"][: reference["text"].index(stop)]
 
 
 def test_completions_and_models(server):
@@ -138,6 +143,12 @@ def test_three_turns_reuse_the_cache_and_match_a_cold_server(server, locked):
     assert all(c == 0 for _, _, c in cold)
     # Turns 2 and 3 read at least the previous turn's prompt from the cache.
     assert warm[1][2] >= warm[0][1] - 1 and warm[2][2] >= warm[1][1] - 1
+    metrics = httpx.get(server.url + "/metrics").text
+    assert server.metric("dflash2_prompt_cache_hits_total") >= 2
+    assert server.metric("dflash2_mean_acceptance_length") >= 1.0
+    for family in ("dflash2_requests_total", "dflash2_generation_tokens_total", "dflash2_queue_length",
+                   "dflash2_prompt_cache_bytes"):
+        assert f"# TYPE {family} " in metrics
 
 
 @pytest.mark.slow

@@ -148,3 +148,28 @@ def test_serve_refuses_bad_settings_in_one_line_before_loading(cli):
         taken.listen(1)
         code, _, err = cli(["serve", "--port", taken.getsockname()[1]])
     assert code == 1 and err.count("\n") == 1 and "--port" in err
+
+
+def test_protocol_answers_split_thinking_and_carry_usage():
+    from dflash2_mlx.engine.sampling import SamplingParams
+    from dflash2_mlx.serve import anthropic, openai
+    from dflash2_mlx.serve.jobs import Finished, GenerationRequest
+
+    request = GenerationRequest((1, 2, 3), 8, SamplingParams())
+    fin = Finished("stop", prompt_tokens=3, completion_tokens=5, cached_tokens=2, eos=True, stats=None)
+    call = openai.Call(request, chat=True, stream=False, include_usage=True, think=("<think>", "</think>", False))
+    body = openai.Answer(call, "m").whole("<think>plan</think>Paris", fin)
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "Paris", "reasoning_content": "plan"}
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 2} and body["usage"]["total_tokens"] == 8
+    # Streamed, the tags may arrive split across tokens.
+    answer = openai.Answer(call, "m")
+    chunks = [c for piece in ("<thi", "nk>pl", "an</th", "ink>Par", "is") for c in answer.text_chunks(piece)]
+    chunks += answer.text_chunks("", final=True)
+    import json
+    deltas = [json.loads(c[6:])["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "plan"
+    assert "".join(d.get("content", "") for d in deltas) == "Paris"
+    a_call = anthropic.Call(request, stream=False, think=("<think>", "</think>", True))
+    msg = anthropic.Answer(a_call, "m", tokenizer=None).whole("plan</think>Paris", [7, 8], fin)
+    assert [b["type"] for b in msg["content"]] == ["thinking", "text"] and msg["stop_reason"] == "end_turn"
+    assert msg["usage"]["input_tokens"] == 1 and msg["usage"]["cache_read_input_tokens"] == 2

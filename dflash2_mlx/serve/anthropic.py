@@ -85,14 +85,6 @@ def stop_reason(fin: Finished, stop_sequence: Optional[str]) -> str:
     return "stop_sequence" if stop_sequence is not None else "end_turn"
 
 
-def matched_stop(fin: Finished, emitted: str, full: str, stops: tuple[str, ...]) -> Optional[str]:
-    """Which stop sequence ended the answer: the one that follows the emitted
-    text in the full decode of the generated tokens."""
-    if fin.finish_reason != "stop" or fin.eos or not stops:
-        return None
-    return next((s for s in stops if full.startswith(s, len(emitted))), stops[0])
-
-
 def usage(fin: Finished) -> dict:
     # Anthropic counts cache reads apart from input_tokens.
     return {"input_tokens": fin.prompt_tokens - fin.cached_tokens, "output_tokens": fin.completion_tokens,
@@ -114,7 +106,13 @@ class Answer:
                 "stop_reason": stop_reason(fin, stop) if fin else None, "stop_sequence": stop, "usage": usage_}
 
     def _stop(self, fin: Finished) -> Optional[str]:
-        return matched_stop(fin, self.emitted, self.tokenizer.decode(self.tokens), self.call.request.stop)
+        """Which stop sequence ended the answer: the one that follows the
+        emitted text in the full decode of the generated tokens."""
+        stops = self.call.request.stop
+        if fin.finish_reason != "stop" or fin.eos or not stops:
+            return None
+        full = self.tokenizer.decode(self.tokens)
+        return next((s for s in stops if full.startswith(s, len(self.emitted))), stops[0])
 
     def whole(self, text: str, tokens: list[int], fin: Finished) -> dict:
         self.tokens, self.emitted = tokens, text
