@@ -19,7 +19,7 @@ class Server:
     """`dflash2 serve ARGS` on a port chosen now; `stop()` sends SIGTERM and
     returns (exit code, stderr)."""
 
-    def __init__(self, *args: str, tmp: Path):
+    def __init__(self, *args: str, tmp: Path, wait: bool = True):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(tmp / f"serve-{self.port}.log", "w+")
@@ -27,9 +27,10 @@ class Server:
             [sys.executable, "-m", "dflash2_mlx.cli", "serve", "--port", str(self.port), *args],
             stdout=self.log, stderr=subprocess.STDOUT,
         )
-        self._wait_ready()
+        if wait:
+            self.wait_ready()
 
-    def _wait_ready(self, timeout: float = 120.0) -> None:
+    def wait_ready(self, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
