@@ -17,7 +17,7 @@ PACKAGE = "dflash2_mlx"
 SOURCES = {ROOT / "dflash2_mlx": PACKAGE, ROOT / "cli": f"{PACKAGE}.cli", ROOT / "metal": f"{PACKAGE}.metal"}
 # Room -> rank; an import may only go to a lower rank (or stay in its room).
 RANKS = {"ground": 0, "metal": 0, "kernels": 1, "engine": 2, "loading": 3, "text": 3,
-         "train": 4, "tools": 5, "cli": 6}
+         "train": 4, "tools": 5, "serve": 5, "cli": 6}
 # The package root re-exports the public API lazily (by name, not by import).
 FACADE = PACKAGE
 
