@@ -32,7 +32,7 @@ class HandMaskedContext:
                 visible[i, k] = abs((P + i) - k) < window
         self.rows, self.P, self.mask = rows, P, mx.array(visible)
 
-    def keys_values(self, attn):
+    def keys_values(self, attn, block=None):
         kc, vc = attn.keys_values(self.rows, 0)
         return kc, vc, self.P, self.mask
 
