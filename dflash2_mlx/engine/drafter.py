@@ -11,10 +11,10 @@ from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.activations import swiglu
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
+from .activations import gated
 from .config import DrafterConfig
 from .conv import TwoTapConv
 from .selector import CandidateSelector
@@ -33,7 +33,8 @@ class DrafterAttention(nn.Module):
         self.q_proj = nn.Linear(H, self.n_heads * hd, bias=bias)
         self.k_proj = nn.Linear(H, self.n_kv_heads * hd, bias=bias)
         self.v_proj = nn.Linear(H, self.n_kv_heads * hd, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * hd, H, bias=False)
+        # transformers' Qwen3 attention puts attention_bias on o_proj too.
+        self.o_proj = nn.Linear(self.n_heads * hd, H, bias=bias)
         self.q_norm = nn.RMSNorm(hd, eps=config.rms_norm_eps)
         self.k_norm = nn.RMSNorm(hd, eps=config.rms_norm_eps)
         self.rope = initialize_rope(
@@ -136,14 +137,15 @@ class CachedContext:
 
 
 class DrafterMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int):
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str = "silu"):
         super().__init__()
+        self.hidden_act = hidden_act
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+        return self.down_proj(gated(self.hidden_act, self.gate_proj(x), self.up_proj(x)))
 
 
 class DrafterLayer(nn.Module):
@@ -152,7 +154,7 @@ class DrafterLayer(nn.Module):
         window = config.sliding_window if layer_type == "sliding_attention" else None
         H = config.hidden_size
         self.self_attn = DrafterAttention(config, window)
-        self.mlp = DrafterMLP(H, config.intermediate_size)
+        self.mlp = DrafterMLP(H, config.intermediate_size, config.hidden_act)
         self.input_layernorm = nn.RMSNorm(H, eps=config.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(H, eps=config.rms_norm_eps)
         self.dflash2 = config.is_dflash2
