@@ -8,7 +8,7 @@ references use (z-lab dflash `_attention_mask`, NeMo `_sliding_window_mask`):
 block row i, at position p + i, sees key position k iff |p + i - k| < W.
 The JSON holds the largest absolute hidden-state difference per block row.
 
-    python benchmarks/drafter_window.py --json out.json [--window 12 --context 40 --block 8]
+    python benchmarks/drafter_window.py --json out.json [--window 12 --contexts 40 --blocks 8 16]
 """
 
 import argparse
@@ -62,13 +62,13 @@ def measure(window: int, context: int, block: int, layers: int, seed: int) -> di
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--window", type=int, default=12)
-    ap.add_argument("--context", type=int, default=40)
+    ap.add_argument("--contexts", type=int, nargs="+", default=[40])
     ap.add_argument("--blocks", type=int, nargs="+", default=[8, 16])
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
-    results = [measure(args.window, args.context, b, args.layers, args.seed) for b in args.blocks]
+    results = [measure(args.window, p, b, args.layers, args.seed) for p in args.contexts for b in args.blocks]
     for r in results:
         print(f"W={r['window']} context={r['context']} B={r['block']}: max |error| {r['max_abs_error']:.3g} "
               f"(row 0 {r['max_abs_error_by_row'][0]:.3g}, last row {r['max_abs_error_by_row'][-1]:.3g})")
