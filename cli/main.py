@@ -12,6 +12,7 @@ from .doctor import doctor
 from .errors import run_guarded
 from .generate import generate
 from .quantize import quantize
+from .serve import serve
 from .train import train
 from .analyze import analyze
 
@@ -31,6 +32,7 @@ app.command()(compare)
 app.command()(bench)
 app.command()(doctor)
 app.command()(analyze)
+app.command()(serve)
 
 
 def _show_version(value: bool) -> None:
