@@ -1,16 +1,16 @@
 """`dflash2 generate`: one completion, streamed or as one JSON object."""
 
 import json
-import sys
 
 from . import distributed
 from . import options as o
 from . import ui
+from .stdio import write_whole
 
 
 def generate(
     model: o.Model = "builtin",
-    drafter: o.Drafter = "builtin",
+    drafter: o.Drafter = None,
     prompt: o.Prompt = None,
     max_tokens: o.MaxTokens = 256,
     temp: o.Temp = 0.0,
@@ -44,6 +44,7 @@ def generate(
 
         warnings.warn("--block-size and --draft-quant do nothing with --ar (no drafter is used)")
     template_kwargs = o.parse_template_config(chat_template_config)
+    drafter = o.drafter_for(model, drafter, ar)
     text = o.read_prompt(prompt)
     if distributed.wants_ranks(processes, hostfile):
         # stdin is read here: the ranks' own stdin never ends under mlx.launch.
@@ -54,10 +55,12 @@ def generate(
     from dflash2_mlx.text.generate import stream_generate
     from dflash2_mlx.text.prompt import build_prompt
 
-    pair, tokenizer = load_pair(model, None if ar else drafter, draft_quant,
+    pair, tokenizer = load_pair(model, drafter, draft_quant,
                                 group=rank.group if rank else None, time_collectives=time_collectives)
     if rank is not None:
         rank.watch(pair.target)
+    if model == "builtin" and not json_output:
+        ui.status(ui.builtin_notice(pair.target))
     block_size = pair.block_size(block_size, "--block-size") if pair.drafter is not None else None
     ids = build_prompt(tokenizer, text, system_prompt, not ignore_chat_template, template_kwargs)
     responses = stream_generate(
@@ -76,7 +79,7 @@ def generate(
             "text": "".join(pieces), "prompt_token_ids": ids, "token_ids": tokens,
             "from_draft": from_draft, "stats": last.stats.to_dict(),
         }
-        sys.stdout.write(json.dumps(record) + "\n")
+        write_whole(json.dumps(record) + "\n")  # a Ctrl-C leaves all of it or nothing
     else:
         ui.print_closing(last.stats)
 

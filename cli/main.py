@@ -1,6 +1,7 @@
 """The `dflash2` command line."""
 
 import sys
+from typing import Annotated
 
 import typer
 
@@ -11,6 +12,7 @@ from .doctor import doctor
 from .errors import run_guarded
 from .generate import generate
 from .quantize import quantize
+from .serve import serve
 from .train import train
 from .analyze import analyze
 
@@ -30,10 +32,28 @@ app.command()(compare)
 app.command()(bench)
 app.command()(doctor)
 app.command()(analyze)
+app.command()(serve)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        def v(name):
+            try:
+                return version(name)
+            except PackageNotFoundError:
+                return "not installed"
+
+        print(f"dflash2 {v('dflash2-mlx')} (mlx {v('mlx')}, mlx-lm {v('mlx-lm')})")
+        raise typer.Exit()
 
 
 @app.callback()
-def _root():
+def _root(
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_show_version,
+                                          help="Print the version (and MLX's, mlx-lm's) and exit.")] = False,
+):
     """Lossless DFlash 2 speculative decoding on MLX."""
 
 

@@ -156,7 +156,7 @@ def drafter_config_dict(target: dict, kind: str = "dflash2", num_layers: int = 2
         "max_position_embeddings": 2048, "attention_bias": False, "tie_word_embeddings": True,
         "num_target_layers": n_target, "dtype": "bfloat16",
         "layer_types": ["sliding_attention" if sliding else "full_attention"] * num_layers,
-        "sliding_window": 8 if sliding else None,
+        "use_sliding_window": sliding, "sliding_window": 8 if sliding else None,
         "dflash_config": {"mask_token_id": mask, "target_layer_ids": ids},
     }
     if rope_nested:
