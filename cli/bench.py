@@ -21,6 +21,7 @@ def bench(
     max_prompts: o.MaxPrompts = 0,
     max_tokens: o.MaxTokens = 128,
     block_sizes: o.BlockSizes = None,
+    tree: o.TreeSweep = None,
     repeats: o.Repeats = 3,
     temp: o.Temp = 0.0,
     top_p: o.TopP = 1.0,
@@ -48,6 +49,7 @@ def bench(
     if repeats < 1:
         raise DFlashError(f"--repeats {repeats} must be at least 1")
     sizes = _parse_sizes(block_sizes) if block_sizes else None
+    trees = o.parse_tree_sweep(tree)
     template_kwargs = o.parse_template_config(chat_template_config)
     from dflash2_mlx.tools.suites import builtin_prompts, read_prompts
 
@@ -84,7 +86,7 @@ def bench(
            for p in chosen]
     with ui.RunProgress(enabled=ui.err_console.is_terminal) as progress:
         record = run_bench(target, tokenizer, ids, pairs=pairs, draft_model=ar_draft, block_sizes=sizes,
-                           repeats=repeats, max_tokens=max_tokens, sampling=sampling, on_run=progress.update)
+                           tree_rows=trees, repeats=repeats, max_tokens=max_tokens, sampling=sampling, on_run=progress.update)
     record["models"] = {"target": model, "drafter": drafter, "dflash_drafter": dflash_drafter,
                         "draft_model": draft_model, "draft_quant": draft_quant}
     if json_file is not None:
