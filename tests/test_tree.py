@@ -154,3 +154,20 @@ def test_tree_decoding_continues_a_prompt_cache_and_stops_at_max_tokens():
     second = [t for s in speculative_generate_step(more, pair, max_tokens=10, tree_rows=8,
                                                     prompt_cache=cache) for t in s.tokens]
     assert second == ar_tokens(target, prompt + first + [5, 6], 10)
+
+
+def test_a_sampled_spine_comes_first_and_records_what_it_was_drawn_from():
+    logq, cand = _lattice(T=3, K=3)
+    tree = build_tree(logq, cand, 1, rows=7, spine=[2, 0, 1])
+    assert tree.ranks[1:4] == (2, 0, 1) and tree.parents[1:4] == (0, 1, 2)
+    assert sorted(tree.proposals) == [0, 1, 2]
+    for parent, (child, tokens, q) in tree.proposals.items():
+        d = tree.depth[child] - 1
+        row = logq[d, tree.ranks[parent] if parent else 0]
+        assert tokens == cand[d].tolist() and np.allclose(q, np.exp(row), atol=1e-6)
+    # The other three rows: the best nodes off the spine, still a prefix tree.
+    rest = _rank_paths(tree) - {(2,), (2, 0), (2, 0, 1)}
+    candidates = _brute_force(logq, cand, 10 ** 3)
+    ranked = sorted((p for p in candidates if p not in {(2,), (2, 0), (2, 0, 1)}),
+                    key=lambda r: (-(logq[0, 0, r[0]] + sum(logq[t, r[t - 1], r[t]] for t in range(1, len(r)))), len(r), r))
+    assert rest == set(ranked[:3])

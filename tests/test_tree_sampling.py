@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import dflash2_mlx.engine.tree_decode as tree_decode
+import dflash2_mlx.engine.tree_verify as tree_verify
 from dflash2_mlx.engine.decode import speculative_generate_step
 from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.engine.sampling import SamplingParams
@@ -34,9 +35,9 @@ def _tree(target, drafter, settings, rows):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,settings,rows", [
-    ("dflash2", SamplingParams(temperature=1.0), 4),
+    ("dflash2", SamplingParams(temperature=1.0), 7),
     ("dflash", SamplingParams(temperature=0.8, top_p=0.9), 6),
-], ids=["dflash2-t1-N4", "dflash-t0.8-top_p0.9-N6"])
+], ids=["dflash2-t1-N7", "dflash-t0.8-top_p0.9-N6"])
 def test_tree_sampling_matches_target_distribution(pair, kind, settings, rows):
     target, drafters = pair
     table = exact_distribution(target, settings)
@@ -67,4 +68,18 @@ def test_wrong_tree_rule_fails_the_same_test(pair, monkeypatch):
     monkeypatch.setattr(tree_decode, "accept_tree", _first_child_rule)
     p = gof_pvalue(sample_counts(_tree(target, drafters["dflash2"], settings, 4), N_SAMPLES), table, N_SAMPLES)
     print(f"wrong tree rule: chi-square p = {p:.3g}")
+    assert p < ALPHA, f"the wrong rule passed: chi-square p = {p:.2e}"
+
+
+@pytest.mark.slow
+def test_resampling_from_p_after_a_spine_rejection_fails_the_same_test(pair, monkeypatch):
+    """The sampled spine's plausible bug: after rejecting the drawn child, draw
+    from p instead of the residual max(p - q, 0)."""
+    target, drafters = pair
+    settings = SamplingParams(temperature=1.0)
+    table = exact_distribution(target, settings)
+    monkeypatch.setattr(tree_verify, "residual", lambda p, q: p)
+    # 7 rows: a spine over all three positions, so rejections are frequent.
+    p = gof_pvalue(sample_counts(_tree(target, drafters["dflash2"], settings, 7), N_SAMPLES), table, N_SAMPLES)
+    print(f"residual from p: chi-square p = {p:.3g}")
     assert p < ALPHA, f"the wrong rule passed: chi-square p = {p:.2e}"

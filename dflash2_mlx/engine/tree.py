@@ -11,7 +11,7 @@ The search runs on the host over one small fetched array ([B-1, K, K]).
 """
 
 import heapq
-from typing import Optional
+from typing import Optional, Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -29,8 +29,12 @@ class DraftTree:
     """Nodes in best-first order: node 0 is the anchor, a parent always comes
     before its children, siblings carry distinct tokens."""
 
-    def __init__(self, tokens, parents, ranks):
+    def __init__(self, tokens, parents, ranks, proposals=None):
         self.tokens = tuple(int(t) for t in tokens)
+        # proposals[node] = (child node, candidate tokens [K], q [K]): that child
+        # was *drawn* from q (the sampled spine, T > 0); acceptance must treat it
+        # by rejection sampling against q (tree_verify.accept_tree).
+        self.proposals: dict[int, tuple[int, list[int], list[float]]] = dict(proposals or {})
         self.parents = tuple(int(p) for p in parents)
         # ranks[j]: node j's candidate index at its position (0 = the drafter's
         # best there); tells tests which branch a walk took.
@@ -81,7 +85,7 @@ class DraftTree:
 
 
 def build_tree(logq: np.ndarray, cand: np.ndarray, anchor: int, rows: int,
-               max_depth: Optional[int] = None) -> DraftTree:
+               max_depth: Optional[int] = None, spine: Sequence[int] = ()) -> DraftTree:
     """The `rows - 1` nodes of highest path log-probability, plus the anchor.
 
     logq [T, K, K]: log q(candidate c at position t | candidate p at t-1),
@@ -90,26 +94,57 @@ def build_tree(logq: np.ndarray, cand: np.ndarray, anchor: int, rows: int,
     to the lexicographically smaller candidate ranks, so a child never comes
     before its parent (its log-probability is at most its parent's) and the
     result is fully determined by the inputs.
+
+    `spine` (sampling): candidate indices of a path drawn from q, position by
+    position; its nodes come first, each recorded as drawn from its q row
+    (`DraftTree.proposals`), and the best-first nodes fill the other rows.
     """
     if rows < 2:
         raise ValueError(f"a draft tree needs at least 2 rows (anchor and one draft), got {rows}")
     T, K = cand.shape
     depth_cap = T if max_depth is None else min(T, max_depth)
-    tokens, parents, ranks = [anchor], [-1], [0]
-    # Heap entries: (-score, depth, rank path, parent node, candidate index).
-    heap = [(-float(logq[0, 0, c]), 1, (c,), 0, c) for c in range(K)]
-    heapq.heapify(heap)
-    while heap and len(tokens) < rows:
-        neg, d, key, parent, c = heapq.heappop(heap)
-        node = len(tokens)
+    tokens, parents, ranks, proposals = [anchor], [-1], [0], {}
+    heap: list = []  # (-score, depth, rank path, parent node, candidate index)
+
+    def add(d: int, parent: int, c: int) -> int:
         tokens.append(int(cand[d - 1, c]))
         parents.append(parent)
         ranks.append(c)
+        return len(tokens) - 1
+
+    def expand(node: int, d: int, neg: float, key: tuple, skip: int = -1) -> None:
+        """Offer `node`'s children (depth d + 1) to the best-first search."""
         if d < depth_cap:
-            row = logq[d, c]
-            for c2 in range(K):
-                heapq.heappush(heap, (neg - float(row[c2]), d + 1, key + (c2,), node, c2))
-    return DraftTree(tokens, parents, ranks)
+            row = logq[d, key[-1] if key else 0]
+            for c in range(K):
+                if c != skip:
+                    heapq.heappush(heap, (neg - float(row[c]), d + 1, key + (c,), node, c))
+
+    node, neg, key = 0, 0.0, ()
+    for d, c in enumerate(list(spine)[: min(rows - 1, depth_cap)]):
+        row = logq[d, key[-1] if key else 0]
+        child = add(d + 1, node, c)
+        q = np.exp(row.astype(np.float64))
+        proposals[node] = (child, [int(t) for t in cand[d]], (q / q.sum()).tolist())
+        expand(node, d, neg, key, skip=c)
+        node, neg, key = child, neg - float(row[c]), key + (c,)
+    expand(node, len(key), neg, key)
+    while heap and len(tokens) < rows:
+        neg, d, key, parent, c = heapq.heappop(heap)
+        expand(add(d, parent, c), d, neg, key)
+    return DraftTree(tokens, parents, ranks, proposals)
+
+
+def sample_spine(logq: np.ndarray, uniforms: np.ndarray, length: int) -> list[int]:
+    """Candidate indices of a path drawn from the lattice, position by position
+    (inverse CDF of q(. | previous pick) with the given uniforms)."""
+    picks, prev = [], 0
+    for t in range(min(length, logq.shape[0])):
+        q = np.exp(logq[t, prev].astype(np.float64))
+        cdf = np.cumsum(q / q.sum())
+        prev = int(min(np.searchsorted(cdf, uniforms[t], side="right"), len(cdf) - 1))
+        picks.append(prev)
+    return picks
 
 
 def lattice_logprobs(drafter, draft_logits: mx.array, hidden: mx.array, anchor: int,

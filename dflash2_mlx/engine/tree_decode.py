@@ -12,7 +12,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import DFlashError
-from .tree import DraftTree, build_tree, lattice_logprobs
+from .tree import DraftTree, build_tree, lattice_logprobs, sample_spine
 from .tree_verify import accept_tree, branch_blocker, commit, tree_forward, tree_views
 
 
@@ -40,6 +40,12 @@ def tree_rows_for(pair, rows: int) -> int:
     return rows
 
 
+def spine_length(rows: int, positions: int) -> int:
+    """Sampled-spine nodes of a tree of `rows` rows when sampling: about half the
+    rows, so the rest can branch off it (chosen on prompts outside the benchmark's)."""
+    return max(1, min(positions, (rows - 1) // 2))
+
+
 def tree_cycle(pair, cache, anchor: int, pending, *, block: int, rows: int, sampling, transform,
                key, left: int, profiler) -> TreeOutcome:
     """Draft a block of `block` rows, verify a tree of `rows` rows, commit at
@@ -51,12 +57,17 @@ def tree_cycle(pair, cache, anchor: int, pending, *, block: int, rows: int, samp
     logq, cand = lattice_logprobs(drafter, draft_logits, hidden, anchor, sampling.temperature,
                                   pair.selector_transform)
     # The search is a host loop over one small array: this cycle's first sync.
+    # (Token ids travel as float32: exact below 2**24.)
     T, K = cand.shape
-    flat = profiler.fetch(mx.concatenate([logq.reshape(-1), cand.reshape(-1).astype(mx.float32)]),
+    key, k_spine = mx.random.split(key)
+    uniforms = mx.random.uniform(shape=(T,), key=k_spine)
+    flat = profiler.fetch(mx.concatenate([logq.reshape(-1), cand.reshape(-1).astype(mx.float32), uniforms]),
                           phase="build")
     flat = np.asarray(flat, dtype=np.float32)
-    tree = build_tree(flat[: T * K * K].reshape(T, K, K), flat[T * K * K :].astype(np.int64).reshape(T, K),
-                      anchor, rows)
+    logq_host = flat[: T * K * K].reshape(T, K, K)
+    spine = () if sampling.greedy else sample_spine(logq_host, flat[T * K * K + T * K :], spine_length(rows, T))
+    tree = build_tree(logq_host, flat[T * K * K : T * K * K + T * K].astype(np.int64).reshape(T, K),
+                      anchor, rows, spine=spine)
     profiler.lap("build")
     views = tree_views(cache.target, tree)
     profiler.lap("mask", *[v.layout.mask for v in views])

@@ -143,18 +143,44 @@ def commit(cache: list, views: list[TreeCacheView], path: list[int]) -> None:
         c.update_and_fetch(keys, values)
 
 
+def residual(p: mx.array, q: mx.array) -> mx.array:
+    """normalise(max(p - q, 0)) per row (p where that is all zero): what a
+    rejected draw from q is replaced by."""
+    r = mx.maximum(p - q, 0.0)
+    mass = mx.sum(r, axis=-1, keepdims=True)
+    return mx.where(mass > 0, r / mx.where(mass > 0, mass, 1.0), p)
+
+
 def accept_tree(tree: DraftTree, logits: mx.array, sampling, transform, key, profiler) -> tuple[list[int], int]:
     """(accepted path, root first; the token after it) for node logits [N, V].
 
-    Greedy: the target's argmax at each node. Sampled: one draw from the
-    target's distribution at every node (all at once; a walk only reads the
-    nodes it visits, and each draw is independent of the others), then the
-    same walk: descend while the draw is a child, else emit the draw. Each
-    emitted token is a draw from the target given exactly the committed
-    prefix, so the output is distributed as the target's (docs/tree.md).
+    Greedy: the target's argmax at each node. Sampled: one token per node,
+    all drawn at once (a walk reads only the nodes it visits, and the draws
+    are independent), then the same walk: descend while the node's token is
+    a child's, else emit it. A node's token is a draw from the target's
+    distribution p there; at a node whose child was itself drawn from a
+    proposal q (the sampled spine), it is the standard speculative-sampling
+    draw instead: that child with probability min(1, p/q), else a draw from
+    the residual max(p - q, 0), which is again exactly p in total. Either
+    way each emitted token is distributed as the target's next token given
+    the committed prefix (docs/tree.md).
     """
     if sampling.greedy:
-        picks = greedy_token(logits)
-    else:
-        picks = mx.random.categorical(transform(logits), axis=-1, key=key).astype(mx.int32)
+        return tree.walk(profiler.fetch(greedy_token(logits)))
+    k_plain, k_accept, k_residual = mx.random.split(key, 3)
+    logp = transform(logits)
+    picks = mx.random.categorical(logp, axis=-1, key=k_plain).astype(mx.int32)
+    if tree.proposals:
+        parents = sorted(tree.proposals)
+        rows = mx.array(parents, dtype=mx.int32)
+        drawn = mx.array([tree.tokens[tree.proposals[j][0]] for j in parents], dtype=mx.int32)
+        cand = mx.array([tree.proposals[j][1] for j in parents], dtype=mx.int32)
+        q_rows = mx.array([tree.proposals[j][2] for j in parents], dtype=mx.float32)
+        p = mx.softmax(logp[rows], axis=-1, precise=True)
+        q = mx.put_along_axis(mx.zeros(p.shape, mx.float32), cand, q_rows, axis=-1)
+        p_x = mx.take_along_axis(p, drawn[:, None], axis=-1)[:, 0]
+        q_x = mx.take_along_axis(q, drawn[:, None], axis=-1)[:, 0]
+        accept = mx.random.uniform(shape=p_x.shape, key=k_accept) * q_x < p_x
+        other = mx.random.categorical(mx.log(residual(p, q)), axis=-1, key=k_residual).astype(mx.int32)
+        picks = mx.put_along_axis(picks, rows, mx.where(accept, drawn, other), axis=0)
     return tree.walk(profiler.fetch(picks))
