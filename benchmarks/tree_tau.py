@@ -16,6 +16,7 @@ import argparse
 import json
 import platform
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -83,6 +84,25 @@ def cycle_breakdown(pair, prompt, rows, tree, max_tokens) -> dict:
             "host_syncs_per_cycle": profiler.fetches / rec["passes"]}
 
 
+def cycle_breakdowns(pair, prompt, rows: list[int], max_tokens: int, rounds: int) -> list[dict]:
+    """Chain and tree at every N, alternating over `rounds` (other work on the
+    machine shifts single runs); per phase the median over rounds."""
+    configs = [(m, N) for N in rows for m in ("chain", "tree")]
+    runs = {c: [] for c in configs}
+    for r in range(rounds):
+        for m, N in (configs if r % 2 == 0 else configs[::-1]):
+            runs[(m, N)].append(cycle_breakdown(pair, prompt, N, m == "tree", max_tokens))
+    out = []
+    for (m, N), recs in runs.items():
+        phases = list(dict.fromkeys(p for rec in recs for p in rec["ms_per_cycle_by_phase"]))
+        ms = {p: statistics.median(rec["ms_per_cycle_by_phase"].get(p, 0.0) for rec in recs) for p in phases}
+        out.append({"method": m, "rows": N, "rounds": rounds, "passes": recs[0]["passes"],
+                    "ms_per_cycle_by_phase": ms, "ms_per_cycle": sum(ms.values()),
+                    "ms_per_cycle_rounds": [rec["ms_per_cycle"] for rec in recs],
+                    "host_syncs_per_cycle": recs[0]["host_syncs_per_cycle"]})
+    return out
+
+
 def markdown(record: dict) -> str:
     lines = [f"# Tree vs chain at the same verify rows: {record['drafter']} on the built-in target", "",
              f"Command: `{record['command']}`", "",
@@ -96,7 +116,12 @@ def markdown(record: dict) -> str:
                      f"{row['tree']['tau_mean_over_prompts']:.3f} | {row['ratio']:.3f}x | "
                      f"{row['chain']['tau_per_verify_row']:.3f} | {row['tree']['tau_per_verify_row']:.3f} |")
     lines += ["", f"Greedy output identical to autoregressive decoding: {record['greedy_identical_to_ar']}.", "",
-              "## Cycle breakdown (first prompt, T = 0, timed profiler, ms per cycle)", "",
+              f"## Cycle breakdown (first prompt, T = 0, timed profiler, ms per cycle, median of "
+             f"{record['cycles'][0]['rounds']} alternating rounds)", "",
+             "Phases: draft (drafter forward), select (chain: the selector walk), build (tree: lattice scores, "
+             "one fetch, best-first search), mask (tree: gather indices and masks), verify (target pass), "
+             "accept (walk and the host fetch), commit (tree: the accepted rows written into the caches; the "
+             "chain's rollback, an offset trim, is not a timed phase).", "",
               "| method | rows | " + " | ".join(record["phases"]) + " | total | host syncs / cycle |",
               "|---|---|" + "---|" * (len(record["phases"]) + 2)]
     for c in record["cycles"]:
@@ -115,6 +140,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--drafter", default="builtin")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--cycle-rounds", type=int, default=5)
     args = ap.parse_args()
 
     pair, tokenizer = load_pair("builtin", args.drafter, activation_dtype=mx.float32)
@@ -136,8 +162,7 @@ def main():
             comparison.append(row)
             print(f"T={T:g} N={N}: chain τ {row['chain']['tau_mean_over_prompts']:.3f}  "
                   f"tree τ {row['tree']['tau_mean_over_prompts']:.3f}  ({row['ratio']:.3f}x)", flush=True)
-    cycles = [{"method": m, "rows": N, **cycle_breakdown(pair, prompts[0], N, m == "tree", args.max_tokens)}
-              for N in args.rows for m in ("chain", "tree")]
+    cycles = cycle_breakdowns(pair, prompts[0], args.rows, args.max_tokens, args.cycle_rounds)
     phases = list(dict.fromkeys(p for c in cycles for p in c["ms_per_cycle_by_phase"]))
     record = {
         "command": "python " + " ".join(sys.argv), "backend": backend_name(), "mlx": mx.__version__,
