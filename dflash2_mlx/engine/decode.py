@@ -133,10 +133,11 @@ def speculative_generate_step(
     """Lossless block speculative decoding; yields one step per target pass.
 
     `block_size` (default: the checkpoint's) counts the anchor, so each cycle
-    drafts `block_size - 1` tokens. `tree_rows` > 0 verifies a tree of that
-    many rows from the drafter's lattice instead of the chain (docs/tree.md). `prompt_cache`, when given, already holds
+    drafts `block_size - 1` tokens. `prompt_cache`, when given, already holds
     earlier context; `prompt` then starts with the cache's last committed token
-    (committed, never run) followed by the new tokens.
+    (committed, never run) followed by the new tokens. `tree_rows` > 0 verifies
+    a tree of that many rows from the drafter's lattice instead of the chain
+    (docs/tree.md).
     """
     target, drafter = pair.target, pair.drafter
     if drafter is None:
@@ -170,7 +171,9 @@ def speculative_generate_step(
             profiler.start()
             key, k_draft, k_accept = mx.random.split(key, 3)
             if tree_rows:
-                tree = tree_cycle(pair, cache, anchor, pending, block=B, rows=tree_rows, sampling=sampling,
+                # The drafter takes `pending` into its cache: never append it twice.
+                fed, pending = pending, None
+                tree = tree_cycle(pair, cache, anchor, fed, block=B, rows=tree_rows, sampling=sampling,
                                   transform=transform, key=k_accept, left=max_tokens - generated,
                                   profiler=profiler)
                 pending, tokens = tree.pending, tree.tokens
@@ -178,7 +181,8 @@ def speculative_generate_step(
                 anchor = tokens[-1]
                 generated += len(tokens)
                 flags = ((True,) * tree.accepted + (False,))[: len(tokens)]
-                yield DecodeStep(tokens, flags, tree.tree.max_depth, tree.accepted, tree.tree.rows)
+                yield DecodeStep(tokens, flags, drafted=tree.tree.max_depth, accepted=tree.accepted,
+                                 verify_rows=tree.tree.rows)
                 continue
             block = mx.array([[anchor] + [mask_id] * (B - 1)], dtype=mx.int32)
             hidden, draft_logits = drafter.draft(block, pending, cache.drafter, target)
