@@ -11,6 +11,7 @@ from .doctor import doctor
 from .errors import run_guarded
 from .generate import generate
 from .quantize import quantize
+from .serve import serve
 from .train import train
 from .analyze import analyze
 
@@ -30,6 +31,7 @@ app.command()(compare)
 app.command()(bench)
 app.command()(doctor)
 app.command()(analyze)
+app.command()(serve)
 
 
 @app.callback()

@@ -15,6 +15,7 @@ from ..engine.pair import Pair
 from ..engine.sampling import SamplingParams
 from ..errors import DFlashError
 from .generate import GenerationResponse, stream_generate
+from .prompt import render_conversation
 from .stats import GenerationStats
 
 
@@ -127,16 +128,10 @@ class ChatSession:
     # -- rendering ----------------------------------------------------------------
     def render(self, messages: list[dict]) -> str:
         """The conversation as the model reads it, ending with the assistant's cue."""
-        if self.use_chat_template:
-            full = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else []) + messages
-            return self.tokenizer.apply_chat_template(
-                full, tokenize=False, add_generation_prompt=True, **self.template_kwargs
-            )
-        # No template: the turns are one running text.
-        parts = [self.system_prompt + "\n\n"] if self.system_prompt else []
-        for m in messages:
-            parts.append(("\n" if m["role"] == "user" and parts else "") + m["content"])
-        return "".join(parts)
+        return render_conversation(
+            self.tokenizer, messages, system_prompt=self.system_prompt,
+            use_chat_template=self.use_chat_template, template_kwargs=self.template_kwargs,
+        )[0]
 
     def _encode(self, text: str, whole: bool) -> list[int]:
         if self.use_chat_template or not whole:
