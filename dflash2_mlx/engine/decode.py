@@ -180,6 +180,7 @@ def speculative_generate_step(
             if tree_rows:
                 # The drafter takes `pending` into its cache: never append it twice.
                 fed, pending = pending, None
+                cache.last_verify = None  # trees run on attention caches only: they trim
                 tree = tree_cycle(pair, cache, anchor, fed, block=B, rows=tree_rows, sampling=sampling,
                                   transform=transform, key=k_accept, left=max_tokens - generated,
                                   profiler=profiler)
