@@ -59,6 +59,9 @@ class _Layout:
         depth = np.asarray(tree.depth)
         N, D = paths.shape
         if isinstance(cache, WindowKVCache):
+            # The ring as stepping the path would leave it: slot s holds the newest
+            # position <= the node's that is congruent to s (WindowKVCache.key_positions);
+            # positions from P on are the path's rows, older ones the stored ring's.
             cap, window = cache.capacity, cache.window
             self.context = 0 if cache.keys is None else cache.keys.shape[2]
             K = min(P + D, cap)
@@ -72,6 +75,7 @@ class _Layout:
             mask = (s < np.minimum(end, cap)) & (pos <= q) & (pos > q - window)
             self.window = window
         else:
+            # Context rows 0..P-1 as stored, then the path in depth order, padding masked.
             self.context = P
             K = P + D
             path_idx = np.where(paths >= 0, P + paths, 0)
@@ -92,8 +96,10 @@ class TreeCacheView:
         self.keys = self.values = None  # the nodes' rows [N, Hkv, 1, D], after the pass
 
     def make_mask(self, N: int, window_size: Optional[int] = None, return_array: bool = False):
-        if window_size is not None and self.layout.window is not None and window_size > self.layout.window:
-            raise ValueError(f"mask window {window_size} is wider than the cache window {self.layout.window}")
+        # The layout already applies the cache's own window; a family asking for
+        # another one would need its own layout.
+        if window_size is not None and window_size != self.layout.window:
+            raise ValueError(f"tree mask for window {window_size} over a cache with window {self.layout.window}")
         return self.layout.mask
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
