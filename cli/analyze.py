@@ -32,9 +32,11 @@ def analyze(
     prompt_len: Annotated[int, typer.Option("--prompt-len")] = 64,
     max_tokens: o.MaxTokens = 64,
     block_size: o.BlockSize = None,
+    tree: o.Tree = 0,
     debug: o.Debug = False,
 ):
-    """Recall by position, oracle τ, decoded τ at T=0/T=1, parameters and cycle latency per variant."""
+    """Recall by position, oracle τ, decoded τ at T=0/T=1 (and with --tree N beside the chain),
+    parameters and cycle latency per variant."""
     import mlx.core as mx
 
     from dflash2_mlx.tools.analyze import analyze as run_analysis
@@ -45,6 +47,7 @@ def analyze(
     from dflash2_mlx.loading.builtin import resolve_builtin
     from dflash2_mlx.loading.checkpoints import load_drafter, load_target
 
+    o.check_tree(tree)
     refs = {"dflash": dflash, "dflash+selector": selector, "dflash+conv": conv, "dflash2": dflash2}
     refs = {k: v for k, v in refs.items() if v}
     if not refs:
@@ -54,7 +57,7 @@ def analyze(
              for k, v in refs.items()}
     heldout = heldout_sequences([str(p) for p in data], tokenizer, seq_len, heldout_fraction)
     result = run_analysis(pairs, heldout, prompt_len=prompt_len, n_prompts=prompts,
-                          max_tokens=max_tokens, block_size=block_size)
+                          max_tokens=max_tokens, block_size=block_size, tree_rows=tree)
     command = "dflash2 " + " ".join(sys.argv[1:])
     result["command"] = command
     atomic_write_text(out / "analysis.json", json.dumps(result, indent=2) + "\n")

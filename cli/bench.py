@@ -23,6 +23,7 @@ def bench(
     max_prompts: o.MaxPrompts = 0,
     max_tokens: o.MaxTokens = 128,
     block_sizes: o.BlockSizes = None,
+    tree: o.TreeSweep = None,
     repeats: o.Repeats = 3,
     temp: o.Temp = 0.0,
     top_p: o.TopP = 1.0,
@@ -53,6 +54,7 @@ def bench(
     for path, flag in ((json_file, "--json"), (markdown_file, "--markdown")):
         if path is not None and str(path) != "-":
             check_writable(path, flag)
+    trees = o.parse_tree_sweep(tree)
     template_kwargs = o.parse_template_config(chat_template_config)
     if drafter is None and (dflash_drafter or draft_model):
         pass  # the other drafter is the one benchmarked
@@ -97,7 +99,7 @@ def bench(
            for p in chosen]
     with ui.RunProgress(enabled=ui.err_console.is_terminal) as progress:
         record = run_bench(target, tokenizer, ids, pairs=pairs, draft_model=ar_draft, block_sizes=sizes,
-                           repeats=repeats, max_tokens=max_tokens, sampling=sampling, on_run=progress.update)
+                           tree_rows=trees, repeats=repeats, max_tokens=max_tokens, sampling=sampling, on_run=progress.update)
     record["models"] = {"target": model, "drafter": drafter, "dflash_drafter": dflash_drafter,
                         "draft_model": draft_model, "draft_quant": draft_quant}
     # The results are printed even when a file cannot be written at the end

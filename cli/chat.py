@@ -22,6 +22,7 @@ def chat(
     min_p: o.MinP = 0.0,
     seed: o.Seed = None,
     block_size: o.BlockSize = None,
+    tree: o.Tree = 0,
     draft_quant: o.DraftQuant = None,
     system_prompt: o.SystemPrompt = None,
     ignore_chat_template: o.IgnoreChatTemplate = False,
@@ -43,6 +44,7 @@ def chat(
     """
     sampling = o.sampling_params(temp, top_p, top_k, min_p, seed)
     o.check_max_tokens(max_tokens)
+    o.check_tree(tree)
     template_kwargs = o.parse_template_config(chat_template_config)
     drafter = o.drafter_for(model, drafter, ar)
     if distributed.wants_ranks(processes, hostfile):
@@ -65,11 +67,13 @@ def chat(
     session = ChatSession(
         pair, tokenizer, system_prompt=system_prompt, use_chat_template=not ignore_chat_template,
         template_kwargs=template_kwargs, max_tokens=max_tokens, sampling=sampling, block_size=block_size,
+        tree_rows=tree,
     )
     view = ui.ChatView(color=color)
     rows = [("model", model)]
     if pair.drafter is not None:
-        rows.append(("drafter", f"{drafter} ({mode_name(pair.kind)}, block {pair.block_size(block_size)})"))
+        shape = f"tree {tree} rows" if tree else f"block {pair.block_size(block_size)}"
+        rows.append(("drafter", f"{drafter} ({mode_name(pair.kind)}, {shape})"))
     else:
         rows.append(("decoding", "plain autoregressive (--ar)"))
     rows += [("max tokens", f"{max_tokens:,}"), ("temperature", f"{temp:g}"), ("backend", backend_name())]
@@ -220,7 +224,8 @@ def _run_command(session, command: Command, view) -> None:
             s = session.sampling
             B = session.block_size or (session.drafter.config.block_size if session.drafter else None)
             view.notice(f"temp {s.temperature:g} · top_p {s.top_p:g} · top_k {s.top_k} · min_p {s.min_p:g} · "
-                        f"max_tokens {session.max_tokens} · block_size {B if B else '- (plain decoding)'}")
+                        f"max_tokens {session.max_tokens} · block_size {B if B else '- (plain decoding)'} · "
+                        f"tree {session.tree_rows or '0 (the chain)'}")
             return
         key, _, value = arg.partition(" ")
         if not value.strip():

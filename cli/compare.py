@@ -21,6 +21,7 @@ def compare(
     min_p: o.MinP = 0.0,
     seed: o.Seed = 0,
     block_size: o.BlockSize = None,
+    tree: o.Tree = 0,
     draft_quant: o.DraftQuant = None,
     system_prompt: o.SystemPrompt = None,
     ignore_chat_template: o.IgnoreChatTemplate = False,
@@ -43,6 +44,7 @@ def compare(
     """
     sampling = o.sampling_params(temp, top_p, top_k, min_p, seed)
     o.check_max_tokens(max_tokens)
+    o.check_tree(tree)
     if repeats < 1:
         raise DFlashError(f"--repeats {repeats} must be at least 1")
     if replay_speed <= 0:
@@ -75,7 +77,7 @@ def compare(
             ui.status(f"{what}: {name}")
 
     result = run_compare(pair, tokenizer, ids, max_tokens=max_tokens, sampling=sampling,
-                         block_size=block_size, repeats=repeats, on_arm=on_arm)
+                         block_size=block_size, repeats=repeats, on_arm=on_arm, tree_rows=tree)
     record = result.to_dict()
     record["prompt"] = text
     failed = None  # a --save that fails at the end (disk full) still shows the results first

@@ -19,6 +19,7 @@ def generate(
     min_p: o.MinP = 0.0,
     seed: o.Seed = None,
     block_size: o.BlockSize = None,
+    tree: o.Tree = 0,
     draft_quant: o.DraftQuant = None,
     system_prompt: o.SystemPrompt = None,
     ignore_chat_template: o.IgnoreChatTemplate = False,
@@ -39,10 +40,11 @@ def generate(
     # Everything checkable without loading a model is checked first.
     sampling = o.sampling_params(temp, top_p, top_k, min_p, seed)
     o.check_max_tokens(max_tokens)
-    if ar and (block_size is not None or draft_quant):
+    o.check_tree(tree)
+    if ar and (block_size is not None or draft_quant or tree):
         import warnings
 
-        warnings.warn("--block-size and --draft-quant do nothing with --ar (no drafter is used)")
+        warnings.warn("--block-size, --tree and --draft-quant do nothing with --ar (no drafter is used)")
     template_kwargs = o.parse_template_config(chat_template_config)
     drafter = o.drafter_for(model, drafter, ar)
     text = o.read_prompt(prompt)
@@ -65,6 +67,7 @@ def generate(
     ids = build_prompt(tokenizer, text, system_prompt, not ignore_chat_template, template_kwargs)
     responses = stream_generate(
         pair, tokenizer, ids, max_tokens=max_tokens, sampling=sampling, block_size=block_size,
+        tree_rows=0 if ar else tree,
     )
     tokens, from_draft, pieces, last = [], [], [], None
     for r in responses:

@@ -34,6 +34,13 @@ BlockSize = Annotated[
                  help="Tokens per verify block, anchor included (2..checkpoint block_size; "
                       "default: the checkpoint's). vLLM's num_speculative_tokens is this minus one."),
 ]
+Tree = Annotated[
+    int,
+    typer.Option("--tree",
+                 help="Verify a tree of N rows per target pass, built from the drafter's candidates "
+                      "(0 = the chain of --block-size rows; try 8 or 16). Targets with recurrent layers "
+                      "fall back to the chain."),
+]
 DraftQuant = Annotated[
     Optional[str],
     typer.Option("--draft-quant", help="Quantize the drafter in memory, e.g. w4a32:gs64, w8a32, w4abf16."),
@@ -74,6 +81,10 @@ ArDraftModel = Annotated[
 ]
 BlockSizes = Annotated[
     Optional[str], typer.Option("--block-sizes", help="Block sizes to sweep, e.g. 2,4,8,16 (default: 4,8,16 up to the drafter's)."),
+]
+TreeSweep = Annotated[
+    Optional[str],
+    typer.Option("--tree", help="Tree rows to sweep beside the chain, e.g. 8,16 (0 = the chain; default: none)."),
 ]
 Suite = Annotated[str, typer.Option("--suite", help="Built-in prompt suites, comma-separated: code, chat, maths.")]
 PromptsFile = Annotated[
@@ -124,6 +135,28 @@ def check_max_tokens(max_tokens: int) -> None:
 
     if max_tokens < 1:
         raise DFlashError(f"--max-tokens {max_tokens} must be at least 1")
+
+
+def check_tree(rows: int) -> None:
+    from dflash2_mlx.errors import DFlashError
+
+    if rows < 0 or rows == 1:
+        raise DFlashError(f"--tree {rows}: use 0 for the chain or N >= 2 rows per verify pass (e.g. 8 or 16)")
+
+
+def parse_tree_sweep(raw: Optional[str]) -> list[int]:
+    """The tree rows of `--tree 8,16` (empty when not given)."""
+    from dflash2_mlx.errors import DFlashError
+
+    if not raw:
+        return []
+    try:
+        rows = [int(x) for x in raw.split(",") if x.strip()]
+    except ValueError:
+        raise DFlashError(f"--tree '{raw}' must be integers separated by commas, e.g. 8,16") from None
+    for n in rows:
+        check_tree(n)
+    return rows
 
 
 def read_prompt(prompt: Optional[str]) -> str:

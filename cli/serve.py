@@ -41,6 +41,7 @@ def serve(
     api_key: ApiKey = None,
     allow_unauthenticated: AllowUnauthenticated = False,
     block_size: o.BlockSize = None,
+    tree: o.Tree = 0,
     draft_quant: o.DraftQuant = None,
     max_prompt_tokens: MaxPromptTokens = 32768,
     max_tokens: DefaultMaxTokens = 512,
@@ -57,12 +58,13 @@ def serve(
     if max_queue < 0:
         raise DFlashError(f"--max-queue {max_queue} must be 0 or more")
     o.check_max_tokens(max_tokens)
+    o.check_tree(tree)
     if max_prompt_tokens < 1:
         raise DFlashError(f"--max-prompt-tokens {max_prompt_tokens} must be at least 1")
-    if ar and (block_size is not None or draft_quant):
+    if ar and (block_size is not None or draft_quant or tree):
         import warnings
 
-        warnings.warn("--block-size and --draft-quant do nothing with --ar (no drafter is used)")
+        warnings.warn("--block-size, --tree and --draft-quant do nothing with --ar (no drafter is used)")
     if api_key is not None and not api_key.strip():
         raise DFlashError("--api-key is empty: give a key, or leave the option out on loopback")
     if not is_loopback(host) and api_key is None and not allow_unauthenticated:
@@ -84,7 +86,8 @@ def serve(
         pair.block_size(block_size, "--block-size")  # a bad value fails here, not per request
         return pair, tokenizer
 
-    service = EngineService(load, max_queue=max_queue, cache_bytes=limit, block_size=block_size)
+    service = EngineService(load, max_queue=max_queue, cache_bytes=limit, block_size=block_size,
+                            tree_rows=0 if ar else tree)
     print("loading models…", file=sys.stderr)
     pair, _ = service.start()
     settings = ServeSettings(model_id=model, api_key=api_key, max_prompt_tokens=max_prompt_tokens,

@@ -40,7 +40,9 @@ def closing_lines(stats: GenerationStats) -> list[str]:
             f"{stats.drafted} drafted), mean acceptance length = {stats.mean_acceptance_length:.2f}, "
             f"acceptance rate per position = ({rates})"
         )
-    lines.append(f"[{stats.mode}, block {stats.block_size}, {stats.target_passes} target passes, backend {stats.backend}]")
+    shape = f"tree {stats.tree_rows} rows (drafted from block {stats.block_size})" if stats.tree_rows else f"block {stats.block_size}"
+    per_row = f", {stats.tau_per_verify_row:.2f} tokens per verify row" if stats.verify_rows else ""
+    lines.append(f"[{stats.mode}, {shape}, {stats.target_passes} target passes{per_row}, backend {stats.backend}]")
     if stats.ranks > 1:
         spent = (f", {1e3 * stats.collective_s_per_pass:.2f} ms in them per pass"
                  if stats.collective_s_per_pass is not None else "")
@@ -194,7 +196,7 @@ CHAT_COMMANDS = [
     ("/help, /?", "show this help"),
     ("/reset, /clear", "forget the conversation"),
     ("/system TEXT", "set the system prompt (no TEXT: show it)"),
-    ("/set NAME VALUE", "temp, top_p, top_k, min_p, max_tokens, block_size (no NAME: show all)"),
+    ("/set NAME VALUE", "temp, top_p, top_k, min_p, max_tokens, block_size, tree (no NAME: show all)"),
     ("/stats", "last answer: acceptance by position"),
     ("/color", "colour drafted tokens on/off"),
     ('"""', "start or end a multi-line message"),
@@ -325,7 +327,7 @@ def compare_panes(comparison, frame, width: int = 160, height: int = 14, speed: 
         rate = (shown - 1) / (t - run.prompt_seconds) if shown > 1 and t > run.prompt_seconds else 0.0
         label = mode_name(run.mode)
         if run.mode != "ar":
-            label += f" (block {run.stats.block_size})"
+            label += f" (tree {run.stats.tree_rows})" if run.stats.tree_rows else f" (block {run.stats.block_size})"
         sub = f"{shown} tok · {t:.2f} s · {rate:.1f} tok/s"
         panes.append(Panel(_tail(_run_text(run, shown), inner, height - 2), title=f"[bold]{label}[/]",
                            subtitle=sub, height=height, border_style="green" if done else "blue"))
@@ -365,7 +367,8 @@ def compare_table(comparison):
 
     s = comparison.summary()
     a, d = s["ar"], s["spec"]
-    spec_label = f"{mode_name(s['spec_mode'])} (block {s['block_size']})"
+    shape = f"tree {s['tree_rows']}" if s.get("tree_rows") else f"block {s['block_size']}"
+    spec_label = f"{mode_name(s['spec_mode'])} ({shape})"
     table = Table(title=f"median of {s['repeats']} repeat(s), order alternated, both arms warmed up", title_style=MUTED)
     table.add_column("")
     table.add_column("autoregressive", justify="right")

@@ -62,9 +62,12 @@ def test_analyze_command_writes_both_files(tmp_path):
     out = tmp_path / "report"
     argv = ["analyze", "--model", str(target_folder("qwen3")), "--data", DATA[0], "--heldout-fraction", "0.5",
             "--dflash2", str(tmp_path / "d2" / "drafter"), "--out", str(out), "--prompts", "1",
-            "--max-tokens", "8", "--seq-len", "64", "--prompt-len", "16"]
+            "--max-tokens", "8", "--seq-len", "64", "--prompt-len", "16", "--tree", "4"]
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 0
-    assert "dflash2" in json.loads((out / "analysis.json").read_text())["variants"]
+    rec = json.loads((out / "analysis.json").read_text())["variants"]["dflash2"]
+    # --tree: the tree's decoded τ beside the chain's and the oracle's, greedy still exact.
+    assert rec["T0_tree"]["greedy_identical_to_ar"] == "1/1" and rec["T1_tree"]["tau"] >= 1
+    assert "a tree of 4 rows" in (out / "analysis.md").read_text()
     assert "| dflash2 |" in (out / "analysis.md").read_text()

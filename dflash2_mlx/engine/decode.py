@@ -20,6 +20,7 @@ from .pair import Pair
 from .profile import CycleProfiler
 from .propose import propose
 from .sampling import SamplingParams, greedy_token, make_key, make_logprobs_transform
+from .tree_decode import tree_cycle, tree_rows_for
 from .verify import accept_greedy, accept_sampled
 
 
@@ -29,8 +30,9 @@ class DecodeStep:
 
     tokens: tuple[int, ...]
     from_draft: tuple[bool, ...]
-    drafted: int = 0  # draft tokens proposed in this pass (B - 1); 0 for prefill/AR
+    drafted: int = 0  # draft positions in this pass (B - 1, a tree's depth); 0 for prefill/AR
     accepted: int = 0  # of those, how many the target accepted
+    verify_rows: int = 0  # rows the target ran (B, a tree's rows, 1 for AR); 0 for prefill
 
 
 @dataclass
@@ -133,13 +135,16 @@ def speculative_generate_step(
     prefill_step_size: int = 2048,
     prompt_cache: Optional[DecodeCache] = None,
     profiler: Optional[CycleProfiler] = None,
+    tree_rows: int = 0,
 ) -> Generator[DecodeStep, None, None]:
     """Lossless block speculative decoding; yields one step per target pass.
 
     `block_size` (default: the checkpoint's) counts the anchor, so each cycle
     drafts `block_size - 1` tokens. `prompt_cache`, when given, already holds
     earlier context; `prompt` then starts with the cache's last committed token
-    (committed, never run) followed by the new tokens.
+    (committed, never run) followed by the new tokens. `tree_rows` > 0 verifies
+    a tree of that many rows from the drafter's lattice instead of the chain
+    (docs/tree.md).
     """
     target, drafter = pair.target, pair.drafter
     if drafter is None:
@@ -153,6 +158,7 @@ def speculative_generate_step(
     key = make_key(sampling.seed)
     if prompt_cache is not None:
         _check_continuation(prompt_cache, prompt)
+    tree_rows = tree_rows_for(pair, tree_rows)
 
     key, sub = mx.random.split(key)
     first = _first_token(_prefill(prompt, pair, cache, prefill_step_size), sampling, transform, sub)
@@ -171,6 +177,21 @@ def speculative_generate_step(
                 return
             profiler.start()
             key, k_draft, k_accept = mx.random.split(key, 3)
+            if tree_rows:
+                # The drafter takes `pending` into its cache: never append it twice.
+                fed, pending = pending, None
+                cache.last_verify = None  # trees run on attention caches only: they trim
+                tree = tree_cycle(pair, cache, anchor, fed, block=B, rows=tree_rows, sampling=sampling,
+                                  transform=transform, key=k_accept, left=max_tokens - generated,
+                                  profiler=profiler)
+                pending, tokens = tree.pending, tree.tokens
+                cache.tokens.extend(tokens)
+                anchor = tokens[-1]
+                generated += len(tokens)
+                flags = ((True,) * tree.accepted + (False,))[: len(tokens)]
+                yield DecodeStep(tokens, flags, drafted=tree.tree.max_depth, accepted=tree.accepted,
+                                 verify_rows=tree.tree.rows)
+                continue
             block = mx.array([[anchor] + [mask_id] * (B - 1)], dtype=mx.int32)
             hidden, draft_logits = drafter.draft(block, pending, cache.drafter, target)
             pending = None  # now in the drafter cache: never append it twice
@@ -201,7 +222,7 @@ def speculative_generate_step(
             anchor = tokens[-1]
             generated += len(tokens)
             flags = ((True,) * a + (False,))[: len(tokens)]
-            yield DecodeStep(tokens, flags, drafted=B - 1, accepted=a)
+            yield DecodeStep(tokens, flags, drafted=B - 1, accepted=a, verify_rows=B)
     finally:
         # Leave the drafter cache level with the target cache (both hold every
         # committed token but the last), so a later call can continue from it.
@@ -256,7 +277,7 @@ def autoregressive_generate_step(
             token = y.item()
             cache.tokens.append(token)
             generated += 1
-            yield DecodeStep((token,), (False,))
+            yield DecodeStep((token,), (False,), verify_rows=int(generated > 1))
             if next_y is None:
                 return
             y = next_y

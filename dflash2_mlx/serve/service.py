@@ -45,12 +45,14 @@ class EngineService:
         cache_bytes: int = 0,
         block_size: Optional[int] = None,
         prefill_step_size: int = 2048,
+        tree_rows: int = 0,
         metrics: Optional[Metrics] = None,
     ):
         self._load = load
         self.max_queue = max_queue
         self.cache_bytes = cache_bytes
         self.block_size = block_size
+        self.tree_rows = tree_rows  # rows per verify tree; 0: the chain (docs/tree.md)
         self.prefill_step_size = prefill_step_size
         self.metrics = metrics or Metrics()
         self.pair: Optional[Pair] = None
@@ -151,7 +153,7 @@ class EngineService:
         responses = stream_generate(
             self.pair, tokenizer, prompt, max_tokens=request.max_tokens, sampling=request.sampling,
             block_size=self.block_size, stop=request.stop, prefill_step_size=self.prefill_step_size,
-            prompt_cache=cache,
+            prompt_cache=cache, tree_rows=self.tree_rows if self.pair.drafter is not None else 0,
         )
         n, last, cancelled = 0, None, False
         try:

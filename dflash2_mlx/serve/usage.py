@@ -13,6 +13,8 @@ def speculative_usage(stats: Optional[GenerationStats]) -> Optional[dict]:
     return {
         "mode": stats.mode,
         "block_size": stats.block_size,
+        "tree_rows": stats.tree_rows,
+        "verify_rows": stats.verify_rows,
         "mean_acceptance_length": stats.mean_acceptance_length,
         "target_passes": stats.target_passes,
         "acceptance_by_position": stats.acceptance_by_position,

@@ -41,7 +41,7 @@ class TurnResult:
 
 
 # Settings `/set NAME VALUE` can change, with their types.
-SETTINGS = {"temp": float, "top_p": float, "top_k": int, "min_p": float, "max_tokens": int, "block_size": int}
+SETTINGS = {"temp": float, "top_p": float, "top_k": int, "min_p": float, "max_tokens": int, "block_size": int, "tree": int}
 _A_TYPE = {int: "an integer", float: "a number"}  # "/set top_k needs an integer, not 'x'"
 
 
@@ -60,6 +60,7 @@ class ChatSession:
         sampling: SamplingParams = SamplingParams(),
         block_size: Optional[int] = None,
         prefill_step_size: int = 2048,
+        tree_rows: int = 0,
     ):
         self.pair, self.tokenizer = pair, tokenizer
         self.target, self.drafter = pair.target, pair.drafter
@@ -69,6 +70,7 @@ class ChatSession:
         self.max_tokens = max_tokens
         self.sampling = sampling
         self.block_size = block_size
+        self.tree_rows = tree_rows  # rows per verify tree; 0: the chain (docs/tree.md)
         self.prefill_step_size = prefill_step_size
         self.messages: list[dict] = []
         self.last: Optional[TurnResult] = None
@@ -105,6 +107,10 @@ class ChatSession:
         elif name == "block_size":
             self._check_block_size(value)
             self.block_size = value
+        elif name == "tree":
+            if value < 0 or value == 1:
+                raise DFlashError(f"tree {value}: use 0 for the chain or N >= 2 rows per verify pass")
+            self.tree_rows = value
         else:
             field = {"temp": "temperature"}.get(name, name)
             self.sampling = replace(self.sampling, **{field: value})  # validated by SamplingParams
@@ -181,6 +187,7 @@ class ChatSession:
             self.pair, self.tokenizer, prompt, max_tokens=self.max_tokens,
             sampling=self.sampling, block_size=self.block_size if self.drafter else None,
             prefill_step_size=self.prefill_step_size, prompt_cache=self.cache,
+            tree_rows=self.tree_rows if self.drafter else 0,
         )
         tokens, flags, last, interrupted = [], [], None, False
         try:

@@ -55,11 +55,13 @@ def stream_generate(
     prefill_step_size: int = 2048,
     prompt_cache: Optional[DecodeCache] = None,
     profiler: Optional[CycleProfiler] = None,
+    tree_rows: int = 0,
 ) -> Generator[GenerationResponse, None, None]:
     """Stream a completion; DFlash / DFlash 2 when `pair` has a drafter, else plain decoding.
 
     `block_size` (anchor included) defaults to the drafter's; `pair.block_size`
-    says which are valid.
+    says which are valid. `tree_rows` > 0 verifies trees of that many rows
+    (docs/tree.md); 0 verifies the chain.
     """
     if max_tokens < 1:
         raise DFlashError(f"max_tokens {max_tokens} must be at least 1")
@@ -76,6 +78,7 @@ def stream_generate(
         steps = speculative_generate_step(
             ids, pair, max_tokens=max_tokens, block_size=B, sampling=sampling,
             prefill_step_size=prefill_step_size, prompt_cache=prompt_cache, profiler=profiler,
+            tree_rows=tree_rows,
         )
     # Tokens before this call; the prompt's first token is the cache's last one.
     history = max(len(prompt_cache.tokens) - 1, 0) if prompt_cache is not None else 0
@@ -108,7 +111,7 @@ def stream_generate(
                 if finish:
                     if index > 0:
                         recorder.add(step, kept)
-                    stats = replace(_stats(recorder, response, pair.kind, B, profiler),
+                    stats = replace(_stats(recorder, response, pair.kind, B, profiler, tree_rows),
                                     **collective_fields(clock, mark))
                     yield replace(response, finish_reason=finish, stats=stats)
                     return
@@ -136,7 +139,7 @@ def _next_text(token, n, max_tokens, eos, detok, stopper) -> tuple[str, Optional
 
 
 def _stats(recorder: StatsRecorder, r: GenerationResponse, mode: str, B: int,
-           profiler: CycleProfiler) -> GenerationStats:
+           profiler: CycleProfiler, tree_rows: int = 0) -> GenerationStats:
     return GenerationStats(
         prompt_tokens=r.prompt_tokens,
         generation_tokens=r.generation_tokens,
@@ -153,4 +156,7 @@ def _stats(recorder: StatsRecorder, r: GenerationResponse, mode: str, B: int,
         mode=mode,
         block_size=B,
         host_syncs_per_pass=(profiler.fetches / recorder.passes) if mode != "ar" and recorder.passes else None,
+        tree_rows=tree_rows if mode != "ar" else 0,
+        verify_rows=recorder.verify_rows,
+        tau_per_verify_row=recorder.tau_per_verify_row,
     )

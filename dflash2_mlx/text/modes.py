@@ -5,6 +5,9 @@ MODE_LABELS = {
     "ar": ("autoregressive", "AR"),
     "dflash": ("DFlash", "DFlash"),
     "dflash2": ("DFlash 2", "DFlash 2"),
+    # Tree verification (docs/tree.md): a bench "block" of these modes is the tree's rows.
+    "dflash-tree": ("DFlash tree", "DFlash tree"),
+    "dflash2-tree": ("DFlash 2 tree", "DFlash 2 tree"),
     "mlx-lm-spec": ("mlx-lm speculative", "mlx-lm spec"),
 }
 

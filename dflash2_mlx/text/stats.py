@@ -29,6 +29,9 @@ class GenerationStats:
     ranks: int = 1
     collectives_per_pass: Optional[float] = None
     collective_s_per_pass: Optional[float] = None
+    tree_rows: int = 0  # rows of each verify tree (0: the chain)
+    verify_rows: int = 0  # rows the target ran after prefill, all passes together
+    tau_per_verify_row: float = 0.0  # tokens committed per row the target ran
 
     @property
     def acceptance_rate(self) -> float:
@@ -58,6 +61,7 @@ class StatsRecorder:
         self.committed = 0
         self.drafted = 0
         self.accepted = 0
+        self.verify_rows = 0
         self.histogram = [0] * block_size
         # reached[t]: cycles that drafted position t+1 with all earlier accepted.
         self.reached = [0] * max(block_size - 1, 0)
@@ -72,6 +76,7 @@ class StatsRecorder:
         self.histogram[min(kept, self.block_size) - 1] += 1
         self.drafted += step.drafted
         self.accepted += step.accepted
+        self.verify_rows += step.verify_rows
         for t in range(min(step.accepted + 1, step.drafted)):
             self.reached[t] += 1
             if t < step.accepted:
@@ -80,6 +85,10 @@ class StatsRecorder:
     @property
     def mean_acceptance_length(self) -> float:
         return self.committed / self.passes if self.passes else 0.0
+
+    @property
+    def tau_per_verify_row(self) -> float:
+        return self.committed / self.verify_rows if self.verify_rows else 0.0
 
     @property
     def by_position(self) -> list[float]:

@@ -61,11 +61,12 @@ def _rates(times: list[float], n: int) -> tuple[float, float]:
     return ((n - 1) / span if n > 1 and span > 0 else 0.0), (n / times[-1] if times[-1] > 0 else 0.0)
 
 
-def _run_dflash(pair, tokenizer, ids, B, max_tokens, sampling):
+def _run_dflash(pair, tokenizer, ids, B, max_tokens, sampling, tree: bool = False):
+    """A chain of block B, or (`tree`) trees of B rows drafted from the drafter's block."""
     drafter = pair.drafter
     responses, times = _timed(stream_generate(
         pair, tokenizer, ids, max_tokens=max_tokens, sampling=sampling,
-        block_size=B if drafter is not None else None))
+        block_size=B if drafter is not None and not tree else None, tree_rows=B if tree else 0))
     s = responses[-1].stats
     decode, e2e = _rates(times, len(responses))
     return dict(prompt_tokens=s.prompt_tokens, generation_tokens=s.generation_tokens, prompt_tps=s.prompt_tps,
@@ -140,6 +141,7 @@ def run_bench(
     pairs: Sequence[Pair] = (),
     draft_model=None,
     block_sizes: Sequence[int] = (4, 8, 16),
+    tree_rows: Sequence[int] = (),
     repeats: int = 3,
     max_tokens: int = 128,
     sampling: SamplingParams = SamplingParams(),
@@ -148,6 +150,7 @@ def run_bench(
     """Measure every configuration on every prompt; returns the full record.
 
     `pairs` are `target` with each drafter to benchmark; plain decoding always runs.
+    Every N in `tree_rows` adds a tree mode per pair ("dflash2-tree", block = N rows).
     `on_run(done, total, label)` is called between runs, never during one.
     """
     configs: list[tuple[str, int, object]] = [("ar", 1, Pair.make(target))]
@@ -158,6 +161,7 @@ def run_bench(
                 configs.append((pair.kind, pair.block_size(B), pair))
             except BlockSizeError as e:
                 skipped.append(f"{mode_name(pair.kind)}: {e}")
+        configs += [(f"{pair.kind}-tree", N, pair) for N in tree_rows if N > 0]
     if draft_model is not None:
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
@@ -170,7 +174,7 @@ def run_bench(
     def run(mode, B, model, ids, n):
         if mode == "mlx-lm-spec":
             return _run_mlx_lm(target, tokenizer, ids, model, B, n, sampling)
-        return _run_dflash(model, tokenizer, ids, B, n, sampling)
+        return _run_dflash(model, tokenizer, ids, B, n, sampling, tree=mode.endswith("-tree"))
 
     first_ids = prompts[0][1]
     for mode, B, model in configs:  # warm up every configuration once
@@ -204,6 +208,7 @@ def run_bench(
         "machine": machine_info(),
         "settings": {
             "max_tokens": max_tokens, "repeats": repeats, "block_sizes": list(block_sizes),
+            "tree_rows": [N for N in tree_rows if N > 0],
             "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
             "min_p": sampling.min_p, "seed": sampling.seed, "warmup_tokens": WARMUP_TOKENS,
         },
@@ -354,5 +359,8 @@ def markdown(record: dict) -> str:
     if one:
         out += ["", "Target forward cost by rows, relative to one row (measured): " + ", ".join(
             f"{B} rows {ms / one:.1f}x" for B, ms in cost.items() if B != "1")]
+    if s.get("tree_rows"):
+        out += ["", "Tree modes (docs/tree.md): block is the tree's rows per verify pass, the tree drafted from "
+                "the drafter's full block; their τ compares with the chain's at the same block."]
     out += [""] + [f"- {line}" for line in record["verdict"]] + [f"- skipped: {x}" for x in record["skipped"]]
     return "\n".join(out) + "\n"

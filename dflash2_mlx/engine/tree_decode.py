@@ -1,0 +1,84 @@
+"""One tree cycle of speculative decoding: draft, build the tree, verify it
+in one target pass, walk it, write the accepted path into the caches.
+
+`speculative_generate_step` runs `tree_cycle` instead of its chain cycle
+when asked for tree rows (docs/tree.md); the rest of the loop is shared.
+"""
+
+import warnings
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from ..errors import DFlashError
+from .tree import DraftTree, build_tree, lattice_logprobs, sample_spine
+from .tree_verify import accept_tree, branch_blocker, commit, tree_forward, tree_views
+
+
+@dataclass(frozen=True)
+class TreeOutcome:
+    tokens: tuple[int, ...]  # accepted drafts, then the target's own token
+    accepted: int  # drafts accepted: the accepted path's depth
+    pending: mx.array  # features [1, kept, F] of the rows now in the target cache
+    tree: DraftTree
+    path: tuple[int, ...]  # accepted nodes, root first
+
+
+def tree_rows_for(pair, rows: int) -> int:
+    """The tree rows to verify with: `rows`, or 0 (the chain) with one warning
+    line when the target cannot branch in one pass."""
+    if rows == 0:
+        return 0
+    if rows < 2:
+        raise DFlashError(f"tree rows {rows}: use 0 for the chain or at least 2 (the anchor and one draft)")
+    why = branch_blocker(pair.target.make_cache())
+    if why is not None:
+        warnings.warn(f"tree verification off: target '{pair.target.model_type}' {why}; "
+                      "verifying the chain instead", stacklevel=3)
+        return 0
+    return rows
+
+
+def spine_length(rows: int, positions: int) -> int:
+    """Sampled-spine nodes of a tree of `rows` rows when sampling: about half the
+    rows, so the rest can branch off it (chosen on prompts outside the benchmark's)."""
+    return max(1, min(positions, (rows - 1) // 2))
+
+
+def tree_cycle(pair, cache, anchor: int, pending, *, block: int, rows: int, sampling, transform,
+               key, left: int, profiler) -> TreeOutcome:
+    """Draft a block of `block` rows, verify a tree of `rows` rows, commit at
+    most `left` tokens."""
+    target, drafter = pair.target, pair.drafter
+    ids = mx.array([[anchor] + [pair.mask_token_id] * (block - 1)], dtype=mx.int32)
+    hidden, draft_logits = drafter.draft(ids, pending, cache.drafter, target)
+    profiler.lap("draft", draft_logits)
+    logq, cand = lattice_logprobs(drafter, draft_logits, hidden, anchor, sampling.temperature,
+                                  pair.selector_transform)
+    # The search is a host loop over one small array: this cycle's first sync.
+    # (Token ids travel as float32: exact below 2**24.)
+    T, K = cand.shape
+    key, k_spine = mx.random.split(key)
+    uniforms = mx.random.uniform(shape=(T,), key=k_spine)
+    flat = profiler.fetch(mx.concatenate([logq.reshape(-1), cand.reshape(-1).astype(mx.float32), uniforms]),
+                          phase="build")
+    flat = np.asarray(flat, dtype=np.float32)
+    logq_host = flat[: T * K * K].reshape(T, K, K)
+    spine = () if sampling.greedy else sample_spine(logq_host, flat[T * K * K + T * K :], spine_length(rows, T))
+    tree = build_tree(logq_host, flat[T * K * K : T * K * K + T * K].astype(np.int64).reshape(T, K),
+                      anchor, rows, spine=spine)
+    profiler.lap("build")
+    views = tree_views(cache.target, tree)
+    profiler.lap("mask", *[v.layout.mask for v in views])
+    logits, features = tree_forward(target, tree, views, pair.layer_ids)
+    profiler.lap("verify", logits, features)
+    path, last = accept_tree(tree, logits, sampling, transform, key, profiler)
+    tokens = tuple(tree.tokens[n] for n in path[1:]) + (last,)
+    keep = len(path)
+    if len(tokens) > left:  # the tree reached past max_tokens
+        tokens, keep = tokens[:left], left
+    commit(cache.target, views, path[:keep])
+    profiler.lap("commit", *[c.state for c in cache.target])
+    kept = mx.array(path[:keep], dtype=mx.int32)
+    return TreeOutcome(tokens, len(path) - 1, features[kept][None], tree, tuple(path))

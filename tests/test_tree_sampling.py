@@ -1,0 +1,85 @@
+"""Sampling through a draft tree reproduces the target's own distribution.
+
+The same chi-square test as tests/test_sampling.py (8-token vocabulary, the
+exact joint distribution of the first three tokens, fixed seeds): the tree's
+rule must pass it, and a plausible wrong rule must fail it.
+"""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import dflash2_mlx.engine.tree_decode as tree_decode
+import dflash2_mlx.engine.tree_verify as tree_verify
+from dflash2_mlx.engine.decode import speculative_generate_step
+from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.sampling import SamplingParams
+from test_sampling import ALPHA, PROMPT, exact_distribution, gof_pvalue, sample_counts, tiny_drafter, tiny_target
+
+N_SAMPLES = 500
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target, cfg = tiny_target()
+    return target, {k: tiny_drafter(cfg, k) for k in ("dflash", "dflash2")}
+
+
+def _tree(target, drafter, settings, rows):
+    def gen(seed):
+        s = SamplingParams(settings.temperature, settings.top_p, settings.top_k, settings.min_p, seed)
+        return speculative_generate_step(PROMPT, Pair.make(target, drafter), max_tokens=3, sampling=s,
+                                         tree_rows=rows)
+    return gen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,settings,rows", [
+    ("dflash2", SamplingParams(temperature=1.0), 7),
+    ("dflash", SamplingParams(temperature=0.8, top_p=0.9), 6),
+], ids=["dflash2-t1-N7", "dflash-t0.8-top_p0.9-N6"])
+def test_tree_sampling_matches_target_distribution(pair, kind, settings, rows):
+    target, drafters = pair
+    table = exact_distribution(target, settings)
+    p = gof_pvalue(sample_counts(_tree(target, drafters[kind], settings, rows), N_SAMPLES), table, N_SAMPLES)
+    print(f"tree {kind} N={rows} {settings}: chi-square p = {p:.3g}")
+    assert p > ALPHA, f"chi-square p = {p:.2e}"
+
+
+def _first_child_rule(tree, logits, sampling, transform, key, profiler):
+    """A plausible but wrong rule: when the draw at a node is any child, take
+    the node's first (most likely) child instead of the drawn one."""
+    picks = mx.random.categorical(transform(logits), axis=-1, key=key).astype(mx.int32)
+    picks = profiler.fetch(picks)
+    node, path = 0, [0]
+    while True:
+        children = tree.children[node]
+        if int(picks[node]) not in children:
+            return path, int(picks[node])
+        node = min(children.values())
+        path.append(node)
+
+
+@pytest.mark.slow
+def test_wrong_tree_rule_fails_the_same_test(pair, monkeypatch):
+    target, drafters = pair
+    settings = SamplingParams(temperature=1.0)
+    table = exact_distribution(target, settings)
+    monkeypatch.setattr(tree_decode, "accept_tree", _first_child_rule)
+    p = gof_pvalue(sample_counts(_tree(target, drafters["dflash2"], settings, 4), N_SAMPLES), table, N_SAMPLES)
+    print(f"wrong tree rule: chi-square p = {p:.3g}")
+    assert p < ALPHA, f"the wrong rule passed: chi-square p = {p:.2e}"
+
+
+@pytest.mark.slow
+def test_resampling_from_p_after_a_spine_rejection_fails_the_same_test(pair, monkeypatch):
+    """The sampled spine's plausible bug: after rejecting the drawn child, draw
+    from p instead of the residual max(p - q, 0)."""
+    target, drafters = pair
+    settings = SamplingParams(temperature=1.0)
+    table = exact_distribution(target, settings)
+    monkeypatch.setattr(tree_verify, "residual", lambda p, q: p)
+    # 7 rows: a spine over all three positions, so rejections are frequent.
+    p = gof_pvalue(sample_counts(_tree(target, drafters["dflash2"], settings, 7), N_SAMPLES), table, N_SAMPLES)
+    print(f"residual from p: chi-square p = {p:.3g}")
+    assert p < ALPHA, f"the wrong rule passed: chi-square p = {p:.2e}"
