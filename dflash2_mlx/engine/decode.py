@@ -16,6 +16,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from ..errors import DFlashError
 from .pair import Pair
+from .plain_steps import plain_steps
 from .profile import CycleProfiler
 from .propose import propose
 from .sampling import SamplingParams, greedy_token, make_key, make_logprobs_transform
@@ -109,6 +110,10 @@ def _first_token(logits: mx.array, sampling: SamplingParams, transform, key) -> 
     return mx.random.categorical(transform(logits), key=key).astype(mx.int32)
 
 
+def _plain_step(token: int) -> DecodeStep:
+    return DecodeStep((token,), (False,))
+
+
 def _check_prompt(prompt) -> mx.array:
     prompt = mx.array(prompt, dtype=mx.int32).reshape(-1)
     if prompt.size == 0:
@@ -126,13 +131,16 @@ def speculative_generate_step(
     prefill_step_size: int = 2048,
     prompt_cache: Optional[DecodeCache] = None,
     profiler: Optional[CycleProfiler] = None,
+    policy=None,
 ) -> Generator[DecodeStep, None, None]:
     """Lossless block speculative decoding; yields one step per target pass.
 
     `block_size` (default: the checkpoint's) counts the anchor, so each cycle
-    drafts `block_size - 1` tokens. `prompt_cache`, when given, already holds
-    earlier context; `prompt` then starts with the cache's last committed token
-    (committed, never run) followed by the new tokens.
+    drafts `block_size - 1` tokens. `policy` (an `adaptive.BlockPolicy`), when
+    given, picks every cycle's block size instead, 1 meaning a plain decoding
+    step. `prompt_cache`, when given, already holds earlier context; `prompt`
+    then starts with the cache's last committed token (committed, never run)
+    followed by the new tokens.
     """
     target, drafter = pair.target, pair.drafter
     if drafter is None:
@@ -147,29 +155,41 @@ def speculative_generate_step(
     if prompt_cache is not None:
         _check_continuation(prompt_cache, prompt)
 
+    def sample(logits, key):
+        return _first_token(logits, sampling, transform, key)
+
     key, sub = mx.random.split(key)
-    first = _first_token(_prefill(prompt, pair, cache, prefill_step_size), sampling, transform, sub)
+    first = sample(_prefill(prompt, pair, cache, prefill_step_size), sub)
     anchor = first.item()
     # A continuing call's prompt starts with the cache's last token (committed,
     # not yet run): record it once.
     cache.tokens.extend(prompt.tolist()[1 if cache.tokens else 0 :])
-    pending = None  # features of committed rows not yet in the drafter cache
+    pending = []  # features [1, n, F] of committed rows not yet in the drafter cache
     try:
         cache.tokens.append(anchor)
         yield DecodeStep((anchor,), (False,))
-        generated = 1
-        while True:
-            B = min(B_max, max_tokens - generated + 1)
-            if B <= 1:
-                return
+        generated, decided = 1, None
+        while generated < max_tokens:
+            left = max_tokens - generated
+            B = decided or (policy.next_block(left) if policy else min(B_max, left + 1))
+            decided = None
+            if B == 1:
+                anchor, decided, key, n = yield from plain_steps(
+                    anchor, pair, cache, pending, tokens_left=left, sample=sample, key=key,
+                    next_block=policy.next_block, make_step=_plain_step, fetch=profiler.fetch)
+                generated += n
+                continue
             profiler.start()
             key, k_draft, k_accept = mx.random.split(key, 3)
             block = mx.array([[anchor] + [mask_id] * (B - 1)], dtype=mx.int32)
-            hidden, draft_logits = drafter.draft(block, pending, cache.drafter, target)
-            pending = None  # now in the drafter cache: never append it twice
+            context = mx.concatenate(pending, axis=1) if len(pending) > 1 else (pending[0] if pending else None)
+            hidden, draft_logits = drafter.draft(block, context, cache.drafter, target)
+            pending.clear()  # now in the drafter cache: never append it twice
             profiler.lap("draft", draft_logits)
             prop = propose(drafter, draft_logits, hidden, anchor, sampling, transform, k_draft,
                            pair.selector_transform)
+            # Start the drafter now and build the verify graph while it runs.
+            mx.async_eval(prop.draft)
             profiler.lap("select", prop.draft)
             verify_in = mx.concatenate([mx.array([anchor], dtype=mx.int32), prop.draft])[None]
             logits, features, undo = target.forward_undoable(verify_in, cache.target, pair.layer_ids)
@@ -187,17 +207,19 @@ def speculative_generate_step(
             if len(tokens) > left:  # the last block verified one draft past the limit
                 tokens, keep = tokens[:left], left
             target.rollback(cache.target, undo, keep)
-            pending = features[:, :keep]
+            pending.append(features[:, :keep])
             cache.tokens.extend(tokens)
             anchor = tokens[-1]
             generated += len(tokens)
+            if policy is not None:
+                policy.observe(B - 1, a)
             flags = ((True,) * a + (False,))[: len(tokens)]
             yield DecodeStep(tokens, flags, drafted=B - 1, accepted=a)
     finally:
         # Leave the drafter cache level with the target cache (both hold every
         # committed token but the last), so a later call can continue from it.
-        if pending is not None and pending.shape[1] > 0:
-            drafter.append_context(pending, cache.drafter)
+        if pending:
+            drafter.append_context(mx.concatenate(pending, axis=1), cache.drafter)
             mx.eval([c.state for c in cache.drafter])
 
 
