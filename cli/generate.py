@@ -17,7 +17,8 @@ def generate(
     top_k: o.TopK = 0,
     min_p: o.MinP = 0.0,
     seed: o.Seed = None,
-    block_size: o.BlockSize = None,
+    block_size: o.BlockSize = "auto",
+    recalibrate: o.Recalibrate = False,
     draft_quant: o.DraftQuant = None,
     system_prompt: o.SystemPrompt = None,
     ignore_chat_template: o.IgnoreChatTemplate = False,
@@ -30,7 +31,8 @@ def generate(
     # Everything checkable without loading a model is checked first.
     sampling = o.sampling_params(temp, top_p, top_k, min_p, seed)
     o.check_max_tokens(max_tokens)
-    if ar and (block_size is not None or draft_quant):
+    block_size = o.parse_block_size(block_size)
+    if ar and (block_size != "auto" or draft_quant):
         import warnings
 
         warnings.warn("--block-size and --draft-quant do nothing with --ar (no drafter is used)")
@@ -42,10 +44,11 @@ def generate(
     from dflash2_mlx.text.prompt import build_prompt
 
     pair, tokenizer = load_pair(model, None if ar else drafter, draft_quant)
-    block_size = pair.block_size(block_size, "--block-size") if pair.drafter is not None else None
     ids = build_prompt(tokenizer, text, system_prompt, not ignore_chat_template, template_kwargs)
+    block_size, calibration = o.block_plan(pair, block_size, ids, max_tokens, recalibrate)
     responses = stream_generate(
         pair, tokenizer, ids, max_tokens=max_tokens, sampling=sampling, block_size=block_size,
+        calibration=calibration,
     )
     tokens, from_draft, pieces, last = [], [], [], None
     for r in responses:

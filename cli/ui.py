@@ -40,7 +40,23 @@ def closing_lines(stats: GenerationStats) -> list[str]:
             f"{stats.drafted} drafted), mean acceptance length = {stats.mean_acceptance_length:.2f}, "
             f"acceptance rate per position = ({rates})"
         )
-    lines.append(f"[{stats.mode}, block {stats.block_size}, {stats.target_passes} target passes, backend {stats.backend}]")
+    lines += block_lines(stats)
+    lines.append(f"[{stats.mode}, block {block_label(stats)}, {stats.target_passes} target passes, backend {stats.backend}]")
+    return lines
+
+
+def block_label(stats) -> str:
+    return f"auto ≤ {stats.block_size}" if stats.block_policy == "auto" else str(stats.block_size)
+
+
+def block_lines(stats) -> list[str]:
+    """With --block-size auto: the block sizes used, the share decoded plainly, and any fallback."""
+    if stats.block_policy != "auto" or stats.block_sizes is None:
+        return []
+    used = ", ".join(f"{'plain' if B == 1 else B}×{n}" for B, n in sorted(stats.block_sizes.items()))
+    lines = [f"block sizes used = ({used or 'none'}), decoded plainly = {100 * (stats.plain_share or 0):.0f} % of tokens"]
+    if stats.fallback:
+        lines.append(f"auto fell back to plain decoding {stats.fallback}")
     return lines
 
 

@@ -23,6 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..device import backend_name
+from ..errors import DFlashError
 from ..files import atomic_write_text
 from .adaptive import AcceptanceEstimate, BlockPolicy, CostTable, FixedPolicy
 from .decode import speculative_generate_step
@@ -128,7 +129,12 @@ def measure(pair: Pair, prompt_ids: Sequence[int], sizes: Sequence[int] = SIZES,
         n = profiler.fetches
         verify[B] = profiler.seconds["verify"] / n
         draft[B] = (profiler.seconds["draft"] + profiler.seconds["select"]) / n
-    acceptance = [h / r for h, r in zip(hit, reached) if r]
+    # Positions seen only a few times say little; the estimate extends the last kept one.
+    acceptance = []
+    for h, r in zip(hit, reached):
+        if r < 4:
+            break
+        acceptance.append(h / r)
     return Calibration(CostTable(plain, verify, draft, cycle), acceptance, calibration_key(pair))
 
 
@@ -139,16 +145,25 @@ def load_or_calibrate(pair: Pair, folder: Optional[Path], prompt_ids: Sequence[i
     key = calibration_key(pair)
     path = None
     if folder is not None:
-        name = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-        path = Path(folder).expanduser() / f"calibration-{name}.json"
+        path = calibration_path(pair, folder, key)
         if not recalibrate:
             found = _read(path, key)
             if found is not None:
                 return found
     cal = measure(pair, prompt_ids)
     if path is not None:
-        atomic_write_text(path, json.dumps(cal.to_dict(), indent=1) + "\n")
+        try:
+            atomic_write_text(path, json.dumps(cal.to_dict(), indent=1) + "\n")
+        except DFlashError:
+            path = None  # a cache that cannot be written only costs a re-measure next time
     return Calibration(cal.costs, cal.acceptance, key, path)
+
+
+def calibration_path(pair: Pair, folder: Path, key: Optional[dict] = None) -> Path:
+    """The file under `folder` that holds this pair's calibration on this machine."""
+    key = key or calibration_key(pair)
+    name = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return Path(folder).expanduser() / f"calibration-{name}.json"
 
 
 def _read(path: Path, key: dict) -> Optional[Calibration]:
