@@ -68,7 +68,8 @@ ArDraftModel = Annotated[
                       "mlx-lm's own speculative decoding to the benchmark. DFlash drafters go in --drafter."),
 ]
 BlockSizes = Annotated[
-    Optional[str], typer.Option("--block-sizes", help="Block sizes to sweep, e.g. 2,4,8,16 (default: 4,8,16 up to the drafter's)."),
+    Optional[str], typer.Option("--block-sizes", help="Block sizes to sweep, 'auto' and/or fixed sizes, e.g. auto,2,4,8,16 "
+                                                       "(default: auto,4,8,16 up to the drafter's)."),
 ]
 Suite = Annotated[str, typer.Option("--suite", help="Built-in prompt suites, comma-separated: code, chat, maths.")]
 PromptsFile = Annotated[

@@ -6,6 +6,7 @@ MODE_LABELS = {
     "dflash": ("DFlash", "DFlash"),
     "dflash2": ("DFlash 2", "DFlash 2"),
     "mlx-lm-spec": ("mlx-lm speculative", "mlx-lm spec"),
+    "mlx-lm": ("mlx_lm.stream_generate", "mlx-lm plain"),
 }
 
 
