@@ -7,7 +7,7 @@ import mlx.core as mx
 import pytest
 
 from dflash2_mlx.engine.adaptive import AcceptanceEstimate, BlockPolicy, CostTable
-from dflash2_mlx.engine.calibrate import calibration_key, load_or_calibrate
+from dflash2_mlx.engine.calibrate import _non_decreasing, calibration_key, load_or_calibrate
 from dflash2_mlx.engine.decode import DecodeCache, speculative_generate_step
 from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.engine.sampling import SamplingParams
@@ -116,3 +116,8 @@ def test_calibration_is_cached_per_key(pair, tmp_path):
     key = dict(calibration_key(pair), backend="elsewhere")
     assert key != record["key"]
     assert load_or_calibrate(pair, tmp_path, PROMPT, recalibrate=True).cached is False
+
+
+def test_cycle_costs_are_made_non_decreasing():
+    assert _non_decreasing({2: 1.0, 4: 3.0, 8: 2.0, 16: 5.0}) == {2: 1.0, 4: 2.5, 8: 2.5, 16: 5.0}
+    assert _non_decreasing({2: 1.0, 4: 2.0}) == {2: 1.0, 4: 2.0}

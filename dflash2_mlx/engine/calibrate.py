@@ -130,12 +130,31 @@ def measure(pair: Pair, prompt_ids: Sequence[int], sizes: Sequence[int] = SIZES,
         verify[B] = profiler.seconds["verify"] / n
         draft[B] = (profiler.seconds["draft"] + profiler.seconds["select"]) / n
     # Positions seen only a few times say little; the estimate extends the last kept one.
+    cycle = _non_decreasing(cycle)
     acceptance = []
     for h, r in zip(hit, reached):
         if r < 4:
             break
         acceptance.append(h / r)
     return Calibration(CostTable(plain, verify, draft, cycle), acceptance, calibration_key(pair))
+
+
+def _non_decreasing(points: dict[int, float]) -> dict[int, float]:
+    """Least-squares fit that never falls as B grows (pool adjacent violators):
+    a longer block never costs less, so a dip is noise (another process took
+    the machine for a moment) and would mislead the policy."""
+    blocks = [[points[B], 1, [B]] for B in sorted(points)]  # [mean, weight, sizes]
+    i = 0
+    while i < len(blocks) - 1:
+        if blocks[i][0] > blocks[i + 1][0]:
+            a, b = blocks[i], blocks.pop(i + 1)
+            a[0] = (a[0] * a[1] + b[0] * b[1]) / (a[1] + b[1])
+            a[1] += b[1]
+            a[2] += b[2]
+            i = max(i - 1, 0)
+        else:
+            i += 1
+    return {B: mean for mean, _, sizes in blocks for B in sizes}
 
 
 def load_or_calibrate(pair: Pair, folder: Optional[Path], prompt_ids: Sequence[int],
