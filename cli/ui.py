@@ -365,7 +365,8 @@ def compare_table(comparison):
 
     s = comparison.summary()
     a, d = s["ar"], s["spec"]
-    spec_label = f"{mode_name(s['spec_mode'])} (block {s['block_size']})"
+    auto = s.get("block_policy") == "auto"
+    spec_label = f"{mode_name(s['spec_mode'])} (block {'auto ≤ ' if auto else ''}{s['block_size']})"
     table = Table(title=f"median of {s['repeats']} repeat(s), order alternated, both arms warmed up", title_style=MUTED)
     table.add_column("")
     table.add_column("autoregressive", justify="right")
@@ -379,6 +380,10 @@ def compare_table(comparison):
     table.add_row("target passes after prefill", str(a["target_passes"]), str(d["target_passes"]))
     table.add_row("τ (tokens per target pass)", "1.00", f"{s['mean_acceptance_length']:.2f}")
     table.add_row("acceptance by position", "-", _positions(s["acceptance_by_position"]))
+    if auto:
+        used = ", ".join(f"{'plain' if B == 1 else B}×{n}" for B, n in sorted((s["block_sizes"] or {}).items()))
+        table.add_row("block sizes used (last run)", "-", used or "-")
+        table.add_row("decoded plainly", "100 %", f"{100 * s['plain_share']:.0f} %")
     table.add_row("peak memory", gb(a["peak_memory_gb"]), gb(d["peak_memory_gb"]))
     m = comparison.machine
     speed = s["speedup_decode"]
@@ -391,6 +396,8 @@ def compare_table(comparison):
              style=MUTED),
         parity_text(comparison.parity),
     ]
+    if auto and s.get("fallback"):
+        lines.insert(2, Text(f"auto fell back to plain decoding {s['fallback']}", style="yellow"))
     if 0 < speed < 1:
         tau = s["mean_acceptance_length"]
         why = (f"slower here: each cycle committed τ = {tau:.2f} tokens but took about {tau / speed:.1f}x a plain "

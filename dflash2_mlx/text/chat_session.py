@@ -8,8 +8,9 @@ mlx-lm's prompt cache does. No UI here: the CLI drives `ask` and renders.
 """
 
 from dataclasses import dataclass, replace
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
+from ..engine.calibrate import measure
 from ..engine.decode import DecodeCache
 from ..engine.pair import Pair
 from ..engine.sampling import SamplingParams
@@ -40,7 +41,14 @@ class TurnResult:
 
 
 # Settings `/set NAME VALUE` can change, with their types.
-SETTINGS = {"temp": float, "top_p": float, "top_k": int, "min_p": float, "max_tokens": int, "block_size": int}
+def block_size_setting(raw: str):
+    """'auto' or a whole number."""
+    return "auto" if raw.strip().lower() == "auto" else int(raw)
+
+
+block_size_setting.__name__ = "block size ('auto' or a whole number)"
+SETTINGS = {"temp": float, "top_p": float, "top_k": int, "min_p": float, "max_tokens": int,
+            "block_size": block_size_setting}
 
 
 class ChatSession:
@@ -56,7 +64,8 @@ class ChatSession:
         template_kwargs: Optional[dict] = None,
         max_tokens: int = 512,
         sampling: SamplingParams = SamplingParams(),
-        block_size: Optional[int] = None,
+        block_size: Union[int, str, None] = None,
+        calibration=None,
         prefill_step_size: int = 2048,
     ):
         self.pair, self.tokenizer = pair, tokenizer
@@ -67,6 +76,7 @@ class ChatSession:
         self.max_tokens = max_tokens
         self.sampling = sampling
         self.block_size = block_size
+        self.calibration = calibration  # for block_size "auto" (measured on first use when None)
         self.prefill_step_size = prefill_step_size
         self.messages: list[dict] = []
         self.last: Optional[TurnResult] = None
@@ -108,8 +118,8 @@ class ChatSession:
             self.sampling = replace(self.sampling, **{field: value})  # validated by SamplingParams
         return f"{name} = {value}"
 
-    def _check_block_size(self, B: Optional[int]) -> None:
-        if B is None:
+    def _check_block_size(self, B: Union[int, str, None]) -> None:
+        if B is None or (B == "auto" and self.drafter is not None):
             return
         if self.drafter is None:
             raise DFlashError("block size does nothing with plain decoding (no drafter)")
@@ -181,10 +191,12 @@ class ChatSession:
         held = len(self.cache.tokens)
         # The caches hold all reused tokens but the last, which is fed again.
         prompt = ids[reuse - 1:] if reuse else ids
+        if self.block_size == "auto" and self.drafter is not None and self.calibration is None:
+            self.calibration = measure(self.pair, prompt)  # once per session (the CLI passes a cached one)
         responses = stream_generate(
             self.pair, self.tokenizer, prompt, max_tokens=self.max_tokens,
             sampling=self.sampling, block_size=self.block_size if self.drafter else None,
-            prefill_step_size=self.prefill_step_size, prompt_cache=self.cache,
+            calibration=self.calibration, prefill_step_size=self.prefill_step_size, prompt_cache=self.cache,
         )
         tokens, flags, last, interrupted = [], [], None, False
         try:
