@@ -3,8 +3,8 @@
 import json
 import sys
 
+from . import closing
 from . import options as o
-from . import ui
 
 
 def generate(
@@ -56,7 +56,7 @@ def generate(
         from_draft.append(r.from_draft)
         pieces.append(r.text)
         if not json_output:
-            ui.stream_text(r.text)
+            closing.stream_text(r.text)
         last = r
     if json_output:
         record = {
@@ -65,5 +65,5 @@ def generate(
         }
         sys.stdout.write(json.dumps(record) + "\n")
     else:
-        ui.print_closing(last.stats)
+        closing.print_closing(last.stats)
 
