@@ -134,3 +134,47 @@ def test_short_remainders_decode_plainly():
     policy = BlockPolicy(costs, 8, AcceptanceEstimate(7, seed=[0.9]))
     assert policy.next_block(1) == 1
     assert policy.next_block(3) == 4  # never drafts past the tokens still wanted
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def run_timed(policy, clock, actual, alphas, tokens, seed=0):
+    """Like `simulate`, but time passes by the `actual` costs, which the
+    policy only sees through its clock."""
+    rng, done, blocks = random.Random(seed), 0, []
+    while done < tokens:
+        B = policy.next_block(tokens - done)
+        blocks.append(B)
+        if B == 1:
+            clock.now += actual.plain
+            done += 1
+            continue
+        a = accepted_run(rng, alphas, B - 1)
+        policy.observe(B - 1, a)
+        clock.now += actual.cycle(B)
+        done += a + 1
+    return clock.now, blocks
+
+
+def test_costs_learned_online_override_a_wrong_calibration():
+    # Calibrated while plain decoding looked slow: drafting looks about 1.25x better.
+    calibrated = CostTable(1.0, {2: 1.5, 4: 2.0}, {2: 0.0, 4: 0.0})
+    alphas = [0.7] * 3
+    # In this run a cycle costs twice the calibration: plain decoding is the faster one.
+    actual = CostTable(1.0, {2: 3.0, 4: 4.0}, {2: 0.0, 4: 0.0})
+    clock = Clock()
+    policy = BlockPolicy(calibrated, 4, AcceptanceEstimate(3, seed=[0.7]), clock=clock)
+    seconds, blocks = run_timed(policy, clock, actual, alphas, 1000)
+    assert blocks[0] > 1 and policy.report.fallbacks  # started drafting, then fell back
+    assert policy.scale["spec"] == pytest.approx(2.0, rel=0.15)
+    assert 1000 / seconds >= 0.95 / actual.plain
+    # Without the clock it keeps drafting at the calibrated (wrong) costs.
+    blind = BlockPolicy(calibrated, 4, AcceptanceEstimate(3, seed=[0.7]))
+    blind_seconds, blind_blocks = run_timed(blind, Clock(), actual, alphas, 1000)
+    assert blind_blocks.count(1) < 100 and blind_seconds > 1.3 * seconds

@@ -15,7 +15,7 @@ speculative or plain, commits tokens from the target's own distribution.
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 
 def _interpolate(points: dict[int, float], B: int) -> float:
@@ -145,10 +145,17 @@ class BlockPolicy:
     `next_block(tokens_left)` is asked before each cycle (a plain step counts
     as decided when it is returned); `observe(drafted, accepted)` is told the
     outcome of every speculative cycle.
+
+    With a `clock`, the time between consecutive decisions is what the last
+    decision cost (the consumer's share of each token included), and the
+    calibrated costs are scaled online, one factor for plain steps and one
+    for cycles: the calibration was measured once, on a short context and
+    maybe while the machine was busy; this run's costs are what count.
     """
 
     def __init__(self, costs: CostTable, max_block: int, acceptance: Optional[AcceptanceEstimate] = None,
-                 margin: float = 0.03, probe_budget: float = 0.02, max_probe_interval: int = 4096):
+                 margin: float = 0.03, probe_budget: float = 0.02, max_probe_interval: int = 4096,
+                 clock: Optional[Callable[[], float]] = None, cost_weight: float = 0.1):
         if max_block < 2:
             raise ValueError(f"max_block {max_block} must be at least 2")
         self.costs, self.max_block = costs, max_block
@@ -160,13 +167,22 @@ class BlockPolicy:
         self._plain_left = 0  # plain steps until the next probe (None: never probe)
         self._losing_probes = 0
         self._probing = False
+        self.clock, self.cost_weight = clock, cost_weight
+        self.scale = {"plain": 1.0, "spec": 1.0}  # measured / calibrated cost, learned online
+        self._last: Optional[tuple[float, int, Optional[int]]] = None  # (time, block, block before)
 
     # -- the model -----------------------------------------------------------------
+    def plain_cost(self) -> float:
+        return self.costs.plain * self.scale["plain"]
+
+    def cycle_cost(self, B: int) -> float:
+        return self.costs.cycle(B) * self.scale["spec"]
+
     def rate(self, B: int) -> float:
         """Expected committed tokens per second at block size B (1: plain)."""
         if B <= 1:
-            return 1.0 / self.costs.plain
-        return self.acceptance.expected_tokens(B) / self.costs.cycle(B)
+            return 1.0 / self.plain_cost()
+        return self.acceptance.expected_tokens(B) / self.cycle_cost(B)
 
     def best_block(self, tokens_left: int) -> int:
         """The speculative block size with the highest expected rate."""
@@ -175,10 +191,15 @@ class BlockPolicy:
 
     def _can_ever_win(self) -> bool:
         # Even if every draft were accepted (B tokens per cycle) plain decoding is faster.
-        return any(B / self.costs.cycle(B) > self.rate(1) for B in range(2, self.max_block + 1))
+        return any(B / self.cycle_cost(B) > self.rate(1) for B in range(2, self.max_block + 1))
 
     # -- the loop's questions ----------------------------------------------------------
     def next_block(self, tokens_left: int) -> int:
+        B = self._decide(tokens_left)
+        self._tick(B)
+        return B
+
+    def _decide(self, tokens_left: int) -> int:
         if tokens_left <= 1:
             return self._count_plain()
         if self._plain:
@@ -212,6 +233,23 @@ class BlockPolicy:
             self._schedule_probe(B)
 
     # -- internals --------------------------------------------------------------------
+    def _tick(self, B: int) -> None:
+        """Charge the time since the previous decision to that decision."""
+        if self.clock is None:
+            return
+        now = self.clock()
+        if self._last is not None:
+            then, kind, before = self._last
+            # The first plain step after a cycle is only launched, not waited
+            # for, before the next decision: its interval says nothing.
+            if kind > 1 or before == 1:
+                predicted = self.costs.plain if kind == 1 else self.costs.cycle(kind)
+                ratio = min(max((now - then) / predicted, 0.25), 4.0)
+                key = "plain" if kind == 1 else "spec"
+                self.scale[key] += self.cost_weight * (ratio - self.scale[key])
+        self._last = (now, B, self._last[1] if self._last else None)
+
+
     def _count_plain(self) -> int:
         self.tokens += 1
         if self._plain and self._plain_left:
@@ -220,7 +258,7 @@ class BlockPolicy:
 
     def _fall_back(self, B: int) -> None:
         self._plain = True
-        E, cost = self.acceptance.expected_tokens(B), self.costs.cycle(B) / self.costs.plain
+        E, cost = self.acceptance.expected_tokens(B), self.cycle_cost(B) / self.plain_cost()
         if not self._can_ever_win():
             why = (f"even a fully accepted block cannot beat plain decoding here (a {B}-token cycle "
                    f"costs {cost:.1f} plain steps)")
@@ -235,6 +273,6 @@ class BlockPolicy:
         if not self._can_ever_win():
             self._plain_left = None
             return
-        loss = max(self.costs.cycle(B) / self.costs.plain - self.acceptance.expected_tokens(B), 0.0)
+        loss = max(self.cycle_cost(B) / self.plain_cost() - self.acceptance.expected_tokens(B), 0.0)
         wait = math.ceil(loss / self.probe_budget) * (2 ** self._losing_probes)
         self._plain_left = max(1, min(wait, self.max_probe_interval))

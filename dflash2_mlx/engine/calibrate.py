@@ -42,9 +42,10 @@ class Calibration:
     path: Optional[Path] = None  # where it is cached, if anywhere
     cached: bool = False  # read from disk rather than measured now
 
-    def policy(self, max_block: int) -> BlockPolicy:
-        """A fresh policy for one generation, seeded with this calibration."""
-        return BlockPolicy(self.costs, max_block, AcceptanceEstimate(max_block - 1, self.acceptance))
+    def policy(self, max_block: int, clock=None) -> BlockPolicy:
+        """A fresh policy for one generation, seeded with this calibration
+        (`clock`, e.g. time.perf_counter, lets it correct the costs online)."""
+        return BlockPolicy(self.costs, max_block, AcceptanceEstimate(max_block - 1, self.acceptance), clock=clock)
 
     def to_dict(self) -> dict:
         return {"version": VERSION, "key": self.key, "costs": self.costs.to_dict(),

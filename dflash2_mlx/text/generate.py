@@ -75,7 +75,7 @@ def stream_generate(
     B = pair.block_size(None if auto or block_size == "auto" else block_size)
     policy = None
     if auto and max_tokens > 1:
-        policy = (calibration or measure(pair, ids)).policy(B)
+        policy = (calibration or measure(pair, ids)).policy(B, clock=time.perf_counter)
     if pair.drafter is None:
         steps = autoregressive_generate_step(
             ids, pair, max_tokens=max_tokens, sampling=sampling,
