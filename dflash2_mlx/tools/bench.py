@@ -373,8 +373,14 @@ def markdown(record: dict) -> str:
             out.append(f"| {mode_name(mode)} | {B} | " + " | ".join(cells) + " |")
     cost = record["verify_cost_ms"]
     one = cost.get("1")
-    if one:
+    if one and len(cost) > 1:
         out += ["", "Target forward cost by rows, relative to one row (measured): " + ", ".join(
             f"{B} rows {ms / one:.1f}x" for B, ms in cost.items() if B != "1")]
+    for kind, cal in record.get("calibration", {}).items():
+        c = cal["costs"]
+        cycles = c.get("cycle_s") or {}
+        out += ["", f"{mode_name(kind)} calibration for --block-size auto (measured): plain step "
+                f"{1e3 * c['plain_s']:.2f} ms; cycle " + ", ".join(
+                    f"block {B} {1e3 * t:.2f} ms ({t / c['plain_s']:.1f}x)" for B, t in cycles.items())]
     out += [""] + [f"- {line}" for line in record["verdict"]] + [f"- skipped: {x}" for x in record["skipped"]]
     return "\n".join(out) + "\n"
