@@ -134,7 +134,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--alpha", type=float, default=0.8)
     args = ap.parse_args()
-    from dflash2_mlx.loading import load_pair
+    from dflash2_mlx.loading.load_pair import load_pair
     from dflash2_mlx.text.prompt import build_prompt
 
     tokens = 24 if args.quick else args.tokens

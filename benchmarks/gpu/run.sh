@@ -33,9 +33,14 @@ if [ "$DRY" = 0 ]; then
   fi
 fi
 
-DEVICE=$($PY -c "import mlx.core as mx; n=mx.device_info().get('device_name','') if hasattr(mx,'device_info') else ''; print((n or 'cpu').replace(' ','-').lower())" 2>/dev/null || echo unknown)
-[ "$DRY" = 1 ] && DEVICE="${DEVICE}-dry-run"
-RESULTS=docs/results
+# A file-name-safe device name, e.g. nvidia-h200.
+DEVICE=$($PY -c "
+import re, mlx.core as mx
+n = mx.device_info().get('device_name', '') if hasattr(mx, 'device_info') else ''
+print(re.sub('[^a-z0-9]+', '-', (n or 'unknown').lower()).strip('-'))" 2>/dev/null || echo unknown)
+RESULTS=${RESULTS:-docs/results}
+# A dry run checks the script, not a GPU: its files stay out of docs/results.
+[ "$DRY" = 1 ] && RESULTS=${DRY_RESULTS:-$(mktemp -d)} && DEVICE="${DEVICE}-dry-run"
 mkdir -p "$RESULTS"
 say "device: $DEVICE"
 
