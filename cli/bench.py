@@ -3,17 +3,19 @@
 import json
 import sys
 from pathlib import Path
+from typing import Optional
 
 from dflash2_mlx.errors import DFlashError
-from dflash2_mlx.files import atomic_write_text
+from dflash2_mlx.files import atomic_write_text, check_writable
 
 from . import options as o
+from .stdio import write_whole
 from . import ui
 
 
 def bench(
     model: o.Model = "builtin",
-    drafter: o.BenchDrafter = "builtin",
+    drafter: o.BenchDrafter = None,
     dflash_drafter: o.DFlashDrafter = None,
     draft_model: o.ArDraftModel = None,
     suite: o.Suite = "code,chat,maths",
@@ -49,7 +51,14 @@ def bench(
     if repeats < 1:
         raise DFlashError(f"--repeats {repeats} must be at least 1")
     sizes = _parse_sizes(block_sizes) if block_sizes else None
+    for path, flag in ((json_file, "--json"), (markdown_file, "--markdown")):
+        if path is not None and str(path) != "-":
+            check_writable(path, flag)
     template_kwargs = o.parse_template_config(chat_template_config)
+    if drafter is None and (dflash_drafter or draft_model):
+        pass  # the other drafter is the one benchmarked
+    else:
+        drafter = o.drafter_for(model, drafter, instead="--dflash-drafter or --ar-draft-model")
     from dflash2_mlx.tools.suites import builtin_prompts, read_prompts
 
     chosen = read_prompts(prompts, max_prompts) if prompts else builtin_prompts(
@@ -77,6 +86,10 @@ def bench(
         if draft_quant:
             quantize_drafter(second.drafter, DraftQuant.parse(draft_quant))
         pairs.append(second)
+    for B in sizes or []:  # an explicit size no drafter can draft is refused, in the pair's words
+        refusals = [_refusal(p, B) for p in pairs]
+        if refusals and all(refusals):
+            raise refusals[0]
     if sizes is None:
         top = max((p.max_block_size for p in pairs), default=16)
         sizes = ["auto"] + ([B for B in (4, 8, 16) if B <= top] or [top])
@@ -91,12 +104,25 @@ def bench(
                            repeats=repeats, max_tokens=max_tokens, sampling=sampling, on_run=progress.update)
     record["models"] = {"target": model, "drafter": drafter, "dflash_drafter": dflash_drafter,
                         "draft_model": draft_model, "draft_quant": draft_quant}
-    if json_file is not None:
-        _write(json_file, json.dumps(record, indent=2) + "\n")
-    if markdown_file is not None:
-        _write(markdown_file, markdown(record))
+    # The results are printed even when a file cannot be written at the end
+    # (disk full): the error line comes after them.
+    failed = [e for e in (_write(json_file, json.dumps(record, indent=2) + "\n"), _write(markdown_file, markdown(record)))
+              if e is not None]
     if json_file is None or str(json_file) != "-":
         ui.console.print(ui.bench_report(record))
+    if failed:
+        raise failed[0]
+
+
+def _refusal(pair, B: int):
+    """The pair's BlockSizeError for `B`, or None when it can draft B."""
+    from dflash2_mlx.errors import BlockSizeError
+
+    try:
+        pair.block_size(B, "--block-sizes")
+    except BlockSizeError as e:
+        return e
+    return None
 
 
 def _parse_sizes(raw: str) -> list:
@@ -136,11 +162,15 @@ def _load_ar_draft(ref: str, target):
     return model
 
 
-def _write(path: Path, text: str) -> None:
+def _write(path: Optional[Path], text: str) -> Optional[DFlashError]:
+    """Write one result file; returns the failure instead of raising it."""
+    if path is None:
+        return None
     if str(path) == "-":
-        sys.stdout.write(text)
-        return
+        write_whole(text)
+        return None
     try:
         atomic_write_text(path, text)
-    except OSError as e:
-        raise DFlashError(f"cannot write '{path}' ({e.strerror})") from None
+    except DFlashError as e:
+        return e
+    return None

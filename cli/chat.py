@@ -13,7 +13,7 @@ from . import ui
 
 def chat(
     model: o.Model = "builtin",
-    drafter: o.Drafter = "builtin",
+    drafter: o.Drafter = None,
     max_tokens: o.MaxTokens = 512,
     temp: o.Temp = 0.0,
     top_p: o.TopP = 1.0,
@@ -38,6 +38,7 @@ def chat(
     sampling = o.sampling_params(temp, top_p, top_k, min_p, seed)
     o.check_max_tokens(max_tokens)
     template_kwargs = o.parse_template_config(chat_template_config)
+    drafter = o.drafter_for(model, drafter, ar)
 
     from dflash2_mlx.device import backend_name
     from dflash2_mlx.loading.load_pair import load_pair
@@ -47,7 +48,7 @@ def chat(
     from dflash2_mlx.text.stats import mode_name
 
     ui.progress_note("loading models…")
-    pair, tokenizer = load_pair(model, None if ar else drafter, draft_quant)
+    pair, tokenizer = load_pair(model, drafter, draft_quant)
     # No conversation yet: a measurement (first use on this machine only) reads a built-in prompt.
     probe = build_prompt(tokenizer, SUITES["code"][0])
     block_size, calibration = o.block_plan(pair, o.parse_block_size(block_size), probe, max_tokens, recalibrate)
@@ -69,6 +70,8 @@ def chat(
     if not session.use_chat_template:
         rows.append(("template", "none (raw text)"))
     view.header(rows)
+    if model == "builtin":
+        view.notice(ui.builtin_notice(pair.target))
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:  # not on every platform
@@ -149,6 +152,9 @@ def chat_loop(session, read_line: Callable[[str], str], view, on_token: Optional
         except EOFError:
             view.notice("bye")
             return
+        except UnicodeDecodeError as e:  # input() decodes strictly; the turn is skipped, the chat goes on
+            view.error(f"that line is not valid UTF-8 text (byte 0x{e.object[e.start]:02x}): type it again")
+            continue
         except KeyboardInterrupt:
             view.console.print()
             if interrupted_at_prompt:

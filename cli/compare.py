@@ -1,18 +1,18 @@
 """`dflash2 compare`: plain decoding and DFlash 2 on the same prompt, honestly."""
 
 import json
-import sys
 
 from dflash2_mlx.errors import DFlashError
-from dflash2_mlx.files import atomic_write_text
+from dflash2_mlx.files import atomic_write_text, check_writable
 
 from . import options as o
+from .stdio import write_whole
 from . import ui
 
 
 def compare(
     model: o.Model = "builtin",
-    drafter: o.Drafter = "builtin",
+    drafter: o.Drafter = None,
     prompt: o.Prompt = None,
     max_tokens: o.MaxTokens = 128,
     temp: o.Temp = 0.0,
@@ -49,6 +49,9 @@ def compare(
     if replay_speed <= 0:
         raise DFlashError(f"--replay-speed {replay_speed} must be positive")
     template_kwargs = o.parse_template_config(chat_template_config)
+    if save is not None:
+        check_writable(save, "--save")
+    drafter = o.drafter_for(model, drafter, instead="run `dflash2 generate --ar` for plain decoding alone")
     block_size = o.parse_block_size(block_size)
     if prompt is None:
         from dflash2_mlx.tools.suites import SUITES
@@ -78,18 +81,21 @@ def compare(
                          block_size=block_size, calibration=calibration, repeats=repeats, on_arm=on_arm)
     record = result.to_dict()
     record["prompt"] = text
+    failed = None  # a --save that fails at the end (disk full) still shows the results first
     if save is not None:
         try:
             atomic_write_text(save, json.dumps(record, indent=2) + "\n")
-        except OSError as e:
-            raise DFlashError(f"cannot write '{save}' ({e.strerror})") from None
+        except DFlashError as e:
+            failed = e
     if json_output:
-        sys.stdout.write(json.dumps(record) + "\n")
-        return
-    if not no_live and ui.console.is_terminal:
-        ui.replay(result, speed=replay_speed)
-    else:  # the end of the replay, drawn once
-        ui.console.print(ui.final_panes(result))
-    ui.console.print(ui.compare_table(result))
-    if save is not None:
-        ui.status(f"saved the full record to {save}")
+        write_whole(json.dumps(record) + "\n")
+    else:
+        if not no_live and ui.console.is_terminal:
+            ui.replay(result, speed=replay_speed)
+        else:  # the end of the replay, drawn once
+            ui.console.print(ui.final_panes(result, replayed=False))
+        ui.console.print(ui.compare_table(result))
+        if save is not None and failed is None:
+            ui.status(f"saved the full record to {save}")
+    if failed is not None:
+        raise failed

@@ -1,17 +1,17 @@
 """`dflash2 doctor`: check the install, the memory, the pair and its acceptance."""
 
 import json
-import sys
 
 from dflash2_mlx.errors import DFlashError
 
 from . import options as o
 from . import ui
+from .stdio import write_whole
 
 
 def doctor(
     model: o.Model = "builtin",
-    drafter: o.Drafter = "builtin",
+    drafter: o.Drafter = None,
     draft_quant: o.DraftQuant = None,
     block_size: o.BlockSize = "auto",
     recalibrate: o.Recalibrate = False,
@@ -44,6 +44,10 @@ def doctor(
     if max_tokens < 2:
         raise DFlashError(f"--max-tokens {max_tokens} must be at least 2 for the self-test")
     block_size = o.parse_block_size(block_size)
+    if drafter is None and model != "builtin":  # the built-in drafter fits only the built-in target
+        drafter = None
+    else:
+        drafter = drafter or "builtin"
     sections = []
     for section in run_doctor(model, drafter, draft_quant=draft_quant,
                               block_size=None if block_size == "auto" else block_size, context=context,
@@ -57,7 +61,7 @@ def doctor(
     if json_output:
         record = {"kind": "dflash2-doctor", "ok": not found, "problems": found,
                   "sections": [s.to_dict() for s in sections]}
-        sys.stdout.write(json.dumps(record) + "\n")
+        write_whole(json.dumps(record) + "\n")
     else:
         ui.console.print(ui.doctor_summary(found))
     if found:

@@ -8,6 +8,8 @@ import typer
 
 from dflash2_mlx.errors import DFlashError
 
+from .stdio import INTERRUPTED, report_interrupted
+
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None):
     print(f"warning: {message}", file=sys.stderr)
@@ -18,13 +20,11 @@ def run_guarded(app, argv=None) -> int:
     if not debug:
         warnings.showwarning = _one_line_warning
     try:
-        app(args=argv, standalone_mode=False)
-        return 0
+        code = app(args=argv, standalone_mode=False)
     except typer.Exit as e:
         return e.exit_code
-    except typer.Abort:
-        _fail("interrupted")
-        return 130
+    except typer.Abort:  # click's spelling of an interrupted prompt
+        return report_interrupted()
     except typer.TyperException as e:  # bad flags and values: click's usage errors
         if type(e).__name__ == "NoArgsIsHelpError":  # bare `dflash2`: show the help
             print(e.format_message())
@@ -35,8 +35,7 @@ def run_guarded(app, argv=None) -> int:
         _fail(f"{message} (see: {where} --help)")
         return getattr(e, "exit_code", 2)
     except KeyboardInterrupt:
-        _fail("interrupted")
-        return 130
+        return report_interrupted()
     except DFlashError as e:
         if debug:
             traceback.print_exc()
@@ -48,6 +47,11 @@ def run_guarded(app, argv=None) -> int:
         first = str(e).splitlines()[0] if str(e) else ""
         _fail(f"internal error: {type(e).__name__}: {first} (rerun with --debug for the traceback)")
         return 1
+    # Typer turns a KeyboardInterrupt that escapes a command into Exit(130) and,
+    # outside standalone mode, *returns* that code; no command exits 130 itself.
+    if code == INTERRUPTED:
+        return report_interrupted()
+    return code if isinstance(code, int) and not isinstance(code, bool) else 0
 
 
 def _fail(message: str) -> None:

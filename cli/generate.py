@@ -1,15 +1,15 @@
 """`dflash2 generate`: one completion, streamed or as one JSON object."""
 
 import json
-import sys
 
 from . import closing
 from . import options as o
+from .stdio import write_whole
 
 
 def generate(
     model: o.Model = "builtin",
-    drafter: o.Drafter = "builtin",
+    drafter: o.Drafter = None,
     prompt: o.Prompt = None,
     max_tokens: o.MaxTokens = 256,
     temp: o.Temp = 0.0,
@@ -37,13 +37,18 @@ def generate(
 
         warnings.warn("--block-size and --draft-quant do nothing with --ar (no drafter is used)")
     template_kwargs = o.parse_template_config(chat_template_config)
+    drafter = o.drafter_for(model, drafter, ar)
     text = o.read_prompt(prompt)
 
     from dflash2_mlx.loading.load_pair import load_pair
     from dflash2_mlx.text.generate import stream_generate
     from dflash2_mlx.text.prompt import build_prompt
 
-    pair, tokenizer = load_pair(model, None if ar else drafter, draft_quant)
+    pair, tokenizer = load_pair(model, drafter, draft_quant)
+    if model == "builtin" and not json_output:
+        from . import ui  # Rich: only for this notice (the stream and closing lines are plain stdout)
+
+        ui.status(ui.builtin_notice(pair.target))
     ids = build_prompt(tokenizer, text, system_prompt, not ignore_chat_template, template_kwargs)
     block_size, calibration = o.block_plan(pair, block_size, ids, max_tokens, recalibrate)
     responses = stream_generate(
@@ -63,7 +68,7 @@ def generate(
             "text": "".join(pieces), "prompt_token_ids": ids, "token_ids": tokens,
             "from_draft": from_draft, "stats": last.stats.to_dict(),
         }
-        sys.stdout.write(json.dumps(record) + "\n")
+        write_whole(json.dumps(record) + "\n")  # a Ctrl-C leaves all of it or nothing
     else:
         closing.print_closing(last.stats)
 

@@ -9,13 +9,14 @@ when no command is named.
 
 import sys
 from importlib import import_module
+from typing import Annotated
 
 import typer
 
 from .errors import run_guarded
 
 # Command name -> module under cli/ that defines the function of that name.
-COMMANDS = ("generate", "quantize", "train", "chat", "compare", "bench", "doctor", "analyze")
+COMMANDS = ("generate", "quantize", "train", "chat", "compare", "bench", "doctor", "analyze", "serve")
 
 
 def build_app(only=None) -> typer.Typer:
@@ -34,10 +35,27 @@ def build_app(only=None) -> typer.Typer:
     # A callback keeps the app a group, so the command name stays an argument
     # even when only one command is registered.
     @app.callback()
-    def _root():
+    def _root(
+        version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_show_version,
+                                              help="Print the version (and MLX's, mlx-lm's) and exit.")] = False,
+    ):
         """Lossless DFlash 2 speculative decoding on MLX."""
 
     return app
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        def v(name):
+            try:
+                return version(name)
+            except PackageNotFoundError:
+                return "not installed"
+
+        print(f"dflash2 {v('dflash2-mlx')} (mlx {v('mlx')}, mlx-lm {v('mlx-lm')})")
+        raise typer.Exit()
 
 
 def _command_in(argv) -> str | None:

@@ -5,14 +5,23 @@ from typing import Annotated, Optional
 
 import typer
 
+from .stdio import check_text
+
+
+def _utf8(flag: str):
+    """An option callback refusing text that is not UTF-8, when the flags are read."""
+    return lambda value: check_text(value, flag)
+
+
 Model = Annotated[str, typer.Option("--model", help="Target: Hub repo id, local folder, or 'builtin'.")]
 Drafter = Annotated[
-    str,
+    Optional[str],
     typer.Option("--drafter", "--draft-model",
                  help="DFlash / DFlash 2 drafter: Hub repo id (org/name[@revision]), local folder, "
-                      "'builtin' (DFlash 2) or 'builtin-dflash'."),
+                      "'builtin' (DFlash 2) or 'builtin-dflash' (default: 'builtin' with the built-in target)."),
 ]
-Prompt = Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text; '-' reads stdin.")]
+Prompt = Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text; '-' reads stdin.",
+                                               callback=_utf8("--prompt"))]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", "-m", help="Maximum tokens to generate.")]
 Temp = Annotated[float, typer.Option("--temp", "--temperature", help="Sampling temperature; 0 is greedy.")]
 TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling threshold (1 = off).")]
@@ -35,7 +44,8 @@ DraftQuant = Annotated[
     Optional[str],
     typer.Option("--draft-quant", help="Quantize the drafter in memory, e.g. w4a32:gs64, w8a32, w4abf16."),
 ]
-SystemPrompt = Annotated[Optional[str], typer.Option("--system-prompt", help="System message for the chat template.")]
+SystemPrompt = Annotated[Optional[str], typer.Option("--system-prompt", help="System message for the chat template.",
+                                                     callback=_utf8("--system-prompt"))]
 IgnoreChatTemplate = Annotated[
     bool, typer.Option("--ignore-chat-template", help="Feed the prompt as raw text, without the chat template."),
 ]
@@ -56,7 +66,8 @@ ReplaySpeed = Annotated[float, typer.Option("--replay-speed", help="Replay at th
 BenchDrafter = Annotated[
     Optional[str],
     typer.Option("--drafter", "--draft-model",
-                 help="DFlash 2 (or DFlash) drafter to benchmark: Hub repo id, local folder or 'builtin'."),
+                 help="DFlash 2 (or DFlash) drafter to benchmark: Hub repo id, local folder or 'builtin' "
+                      "(default: 'builtin' with the built-in target)."),
 ]
 DFlashDrafter = Annotated[
     Optional[str], typer.Option("--dflash-drafter", help="A second drafter, usually DFlash (v1), to benchmark alongside."),
@@ -99,6 +110,22 @@ def sampling_params(temp: float, top_p: float, top_k: int, min_p: float, seed: O
     return SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
 
 
+def drafter_for(model: str, drafter: Optional[str], ar: bool = False, instead: str = "--ar for plain decoding"):
+    """The drafter to load (None with --ar). The built-in drafter is the default
+    only for the built-in target: paired with any other it would only fail the
+    compatibility checks, blaming a drafter the user never chose."""
+    from dflash2_mlx.errors import DFlashError
+
+    if ar:
+        return None
+    if drafter is not None:
+        return drafter
+    if model == "builtin":
+        return "builtin"
+    raise DFlashError(f"no drafter given for --model {model}: pass --drafter (a DFlash or DFlash 2 drafter "
+                      f"trained for this target) or {instead}")
+
+
 def check_max_tokens(max_tokens: int) -> None:
     from dflash2_mlx.errors import DFlashError
 
@@ -107,14 +134,14 @@ def check_max_tokens(max_tokens: int) -> None:
 
 
 def read_prompt(prompt: Optional[str]) -> str:
-    """The text of --prompt ('-' reads stdin)."""
-    import sys
-
+    """The text of --prompt ('-' reads stdin), refused unless it is UTF-8."""
     from dflash2_mlx.errors import DFlashError
+
+    from .stdio import check_text, read_stdin
 
     if prompt is None:
         raise DFlashError("no prompt: pass --prompt TEXT (or --prompt - to read stdin)")
-    return sys.stdin.read() if prompt == "-" else prompt
+    return read_stdin() if prompt == "-" else check_text(prompt, "--prompt")
 
 
 def parse_template_config(raw: Optional[str]) -> dict:
@@ -123,10 +150,12 @@ def parse_template_config(raw: Optional[str]) -> dict:
 
     from dflash2_mlx.errors import DFlashError
 
+    from .stdio import check_text
+
     if not raw:
         return {}
     try:
-        value = json.loads(raw)
+        value = json.loads(check_text(raw, "--chat-template-config"))
     except json.JSONDecodeError as e:
         raise DFlashError(f"--chat-template-config is not valid JSON ({e.msg}): e.g. '{{\"enable_thinking\": false}}'") from None
     if not isinstance(value, dict):

@@ -30,36 +30,40 @@ def train(
     layers: Annotated[int, typer.Option("--layers", help="Drafter layers (new drafters).")] = 1,
     block_size: Annotated[int, typer.Option("--block-size", help="Block size (new drafters).")] = 16,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Training sequence length.")] = 256,
-    steps: Annotated[int, typer.Option("--steps")] = 1000,
+    steps: Annotated[int, typer.Option("--steps", help="Optimizer steps in all (a resumed run continues to this many).")] = 1000,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per step, all processes together.")] = 8,
-    blocks_per_seq: Annotated[int, typer.Option("--blocks-per-seq")] = 8,
-    lr: Annotated[float, typer.Option("--lr")] = 6e-4,
-    selector_rank: Annotated[int, typer.Option("--selector-rank")] = 256,
+    blocks_per_seq: Annotated[int, typer.Option("--blocks-per-seq", help="Draft blocks sampled from each training sequence per step.")] = 8,
+    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW; linear warm-up, then cosine decay).")] = 6e-4,
+    selector_rank: Annotated[int, typer.Option("--selector-rank", help="Rank of the DFlash 2 selector's codebooks (new drafters).")] = 256,
     regenerate: Annotated[int, typer.Option("--regenerate", help="Complete each prompt with the target (this many tokens) first.")] = 0,
-    eval_every: Annotated[int, typer.Option("--eval-every")] = 100,
-    save_every: Annotated[int, typer.Option("--save-every")] = 100,
+    eval_every: Annotated[int, typer.Option("--eval-every", help="Held-out loss and recall every this many steps.")] = 100,
+    save_every: Annotated[int, typer.Option("--save-every", help="Write a checkpoint every this many steps (the last two are kept).")] = 100,
     processes: Annotated[int, typer.Option("--processes", min=1,
                                            help="Data-parallel ranks on this machine (mlx.launch, ring backend).")] = 1,
     seed: o.Seed = 0,
     debug: o.Debug = False,
 ):
     """Train a drafter; resumes from OUT/checkpoints when present."""
+    from dflash2_mlx.train.outdir import check_out_dir
+    from dflash2_mlx.train.setup import check_run_options, prepare
+    from dflash2_mlx.train.trainer import EvalEvent, SavedEvent, StepEvent, TrainConfig
+
+    # Every option and the output folder are checked before any rank starts or model loads.
+    config = TrainConfig(trainable=trainable, steps=steps, batch_size=batch_size, blocks_per_seq=blocks_per_seq,
+                         lr=lr, eval_every=eval_every, save_every=save_every, seed=seed or 0)
+    check_run_options(kind, layers, block_size, seq_len, selector_rank, regenerate)
+    check_out_dir(out.expanduser())
     if processes > 1 and "MLX_RANK" not in os.environ:  # not yet a rank: become N of them
         return _run_as_ranks(processes, out)
     import mlx.core as mx
 
-    from dflash2_mlx.train.setup import prepare
-    from dflash2_mlx.train.trainer import EvalEvent, SavedEvent, StepEvent, TrainConfig
-
     group = mx.distributed.init()
-    config = TrainConfig(trainable=trainable, steps=steps, batch_size=batch_size, blocks_per_seq=blocks_per_seq,
-                         lr=lr, eval_every=eval_every, save_every=save_every, seed=seed or 0)
     trainer = prepare(model, [str(p) for p in data], out, kind=kind, num_layers=layers, block_size=block_size,
                       seq_len=seq_len, init_from=init_from, regenerate_tokens=regenerate,
                       selector_rank=selector_rank, config=config, group=group if group.size() > 1 else None)
     lead = group.rank() == 0
     if trainer.resume() and lead:
-        ui.status(f"resumed from step {trainer.step}")
+        ui.status(trainer.resume_note)
     with ui.TrainProgress(steps, trainer.step, enabled=lead) as progress:
         for event in trainer.run():
             if not lead:

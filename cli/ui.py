@@ -23,7 +23,19 @@ err_console = Console(stderr=True, highlight=False)
 
 
 def status(message: str) -> None:
-    err_console.print(f"[dim]{message}[/dim]")
+    """A muted note on stderr: one line, whatever the width; the text is never read as markup."""
+    from rich.text import Text
+
+    err_console.print(Text(message, style="dim"), soft_wrap=True)
+
+
+def builtin_notice(target) -> str:
+    """Why the built-in pair's text reads oddly (its size counted, not typed in)."""
+    from mlx.utils import tree_flatten
+
+    params = sum(v.size for _, v in tree_flatten(target.model.parameters()))
+    return (f"the built-in pair is a demo: a {params / 1e6:.1f}M-parameter target trained on the Python standard "
+            "library, so expect odd text; pass --model and --drafter for a real pair")
 
 
 def progress_note(message: str) -> None:
@@ -261,8 +273,9 @@ def _run_text(run, shown: int, color: bool = True):
     return text
 
 
-def compare_panes(comparison, frame, width: int = 160, height: int = 14, speed: float = 1.0):
-    """The two arms side by side at replay time `frame.t` (a pure function of it)."""
+def compare_panes(comparison, frame, width: int = 160, height: int = 14, speed: float = 1.0, replayed: bool = True):
+    """The two arms side by side at replay time `frame.t` (a pure function of it).
+    `replayed=False`: the finished runs drawn once (--no-live), not a replay."""
     from rich.console import Group
     from rich.panel import Panel
     from rich.table import Table
@@ -284,17 +297,16 @@ def compare_panes(comparison, frame, width: int = 160, height: int = 14, speed: 
         panes.append(Panel(_tail(_run_text(run, shown), inner, height - 2), title=f"[bold]{label}[/]",
                            subtitle=sub, height=height, border_style="green" if done else "blue"))
     grid.add_row(*panes)
-    head = Text.assemble(
-        ("REPLAY", "bold reverse"),
-        f" of measured run 1 of {len(comparison.ar)}: the two arms ran one after the other (never at the same "
-        f"time) and are shown on one timeline at {speed:g}x their recorded speed · t = {frame.t:.2f} s · ",
-        ("drafted tokens", DRAFT_STYLE), " were proposed by the drafter and accepted by the target",
-        style=MUTED)
+    ran = f"measured run 1 of {len(comparison.ar)}: the two arms ran one after the other (never at the same time)"
+    when = (("REPLAY", "bold reverse"), f" of {ran} and are shown on one timeline at {speed:g}x their recorded "
+            f"speed · t = {frame.t:.2f} s · ") if replayed else (ran[0].upper() + ran[1:] + " · ",)
+    head = Text.assemble(*when, ("drafted tokens", DRAFT_STYLE),
+                         " were proposed by the drafter and accepted by the target", style=MUTED)
     return Group(head, grid)
 
 
-def final_panes(comparison, width: int = None):
-    """Both arms complete, as the replay ends."""
+def final_panes(comparison, width: int = None, replayed: bool = True):
+    """Both arms complete, as the replay ends (or, `replayed=False`, without one)."""
     from dflash2_mlx.tools.compare import replay_duration, replay_frame
 
     ar, spec = comparison.ar[0], comparison.spec[0]
@@ -302,7 +314,7 @@ def final_panes(comparison, width: int = None):
     inner = max(width // 2 - 4, 10)
     lines = max(len(_run_text(r, len(r.tokens)).wrap(Console(width=inner), inner)) for r in (ar, spec))
     frame = replay_frame(ar, spec, replay_duration(ar, spec))
-    return compare_panes(comparison, frame, width, max(3, min(lines, 18)) + 2)
+    return compare_panes(comparison, frame, width, max(3, min(lines, 18)) + 2, replayed=replayed)
 
 
 def parity_text(parity):

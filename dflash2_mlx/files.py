@@ -1,4 +1,4 @@
-"""Result files are written whole or not at all."""
+"""Result files are written whole or not at all, and checked before the work."""
 
 import os
 from pathlib import Path
@@ -17,4 +17,31 @@ def atomic_write_text(path, text: str) -> Path:
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise DFlashError(f"cannot write '{path}' ({e.strerror}): choose a writable location") from None
+    except BaseException:  # Ctrl-C: no half-written temporary left behind
+        tmp.unlink(missing_ok=True)
+        raise
     return path
+
+
+def check_writable(path, what: str = "output file") -> None:
+    """Raise DFlashError unless `atomic_write_text(path, ...)` can succeed later.
+
+    Called before minutes of work, so a typo in a result path does not throw the
+    results away. Leaves nothing behind: the missing folders `atomic_write_text`
+    would create are not created here; a probe file in the nearest existing one is
+    made and removed.
+    """
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise DFlashError(f"{what} '{path}' is a folder: give a file name")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise DFlashError(f"cannot write {what} '{path}': '{folder}' is a file, not a folder")
+    probe = folder / f".{path.name}.probe-{os.getpid()}"
+    try:
+        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        os.unlink(probe)
+    except OSError as e:
+        raise DFlashError(f"cannot write {what} '{path}' ({e.strerror}): choose a writable location") from None

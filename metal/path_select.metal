@@ -59,7 +59,10 @@ for (uint t = 0; t < N; ++t) {
     prev = best;
   } else {
     // Sampled: q = softmax(S / T) (max-subtracted, scaled by 1/sum like MLX),
-    // then inverse CDF: i_t = min(K - 1, #{c : cdf[c] <= u_t}).
+    // then inverse CDF: i_t = min(last, #{c : cdf[c] <= u_t}), `last` the last
+    // candidate with q > 0. The fp32 CDF can end below 1 with u above it; a
+    // plain clamp to K - 1 could pick a q that underflowed to 0, which
+    // verification would then always accept.
     float m = lattice[row] / temp;
     for (uint c = 1; c < K; ++c) {
       const float v = lattice[row + c] / temp;
@@ -75,13 +78,15 @@ for (uint t = 0; t < N; ++t) {
     const float u = uniforms[t];
     float cdf = 0.0f;
     uint count = 0;
+    uint last = 0;
     for (uint c = 0; c < K; ++c) {
       const float qc = q_rows[q + c] * inv;
       q_rows[q + c] = qc;
       cdf += qc;
       count += cdf <= u ? 1u : 0u;
+      last = qc > 0.0f ? c : last;
     }
-    prev = count < K - 1 ? count : K - 1;
+    prev = count < last ? count : last;
   }
   picks[t] = int(prev);
 }

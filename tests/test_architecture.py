@@ -17,7 +17,7 @@ PACKAGE = "dflash2_mlx"
 SOURCES = {ROOT / "dflash2_mlx": PACKAGE, ROOT / "cli": f"{PACKAGE}.cli", ROOT / "metal": f"{PACKAGE}.metal"}
 # Room -> rank; an import may only go to a lower rank (or stay in its room).
 RANKS = {"ground": 0, "metal": 0, "kernels": 1, "engine": 2, "loading": 3, "text": 3,
-         "train": 4, "tools": 5, "cli": 6}
+         "train": 4, "tools": 5, "serve": 5, "cli": 6}
 # The package root re-exports the public API lazily (by name, not by import).
 FACADE = PACKAGE
 
@@ -165,3 +165,13 @@ def test_the_library_never_reads_environment_variables():
 def test_the_checks_catch_planted_violations(graph, found):
     assert bool(upward_edges(graph)) == (found == "up")
     assert bool(cycles(graph)) == (found == "cycle")
+
+
+def test_every_room_ships_in_the_wheel():
+    """pyproject lists packages by hand: a room missing there works in an
+    editable install and is absent from a wheel."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    rooms = {m for m, p in module_files().items() if p.name == "__init__.py"}
+    assert rooms - listed == set()

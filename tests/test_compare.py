@@ -70,7 +70,8 @@ def test_sampling_says_in_distribution(cli):
 def test_text_output_without_a_terminal(cli):
     code, out, err = cli(base_argv("--no-live", "--repeats", 1))
     assert code == 0, err
-    for fragment in ("REPLAY", "autoregressive", "DFlash 2 (block 4)", "decode tok/s (after prefill)",
+    assert "REPLAY" not in out and "at 1x" not in out  # nothing was replayed (issue 11 B6)
+    for fragment in ("Measured run 1 of 1", "autoregressive", "DFlash 2 (block 4)", "decode tok/s (after prefill)",
                      "end-to-end tok/s", "target passes", "τ (tokens per target pass)", "acceptance by position",
                      "peak memory", "speedup:", "backend cpu", "parity: identical"):
         assert fragment in out, fragment

@@ -29,9 +29,13 @@ pytestmark = [
 ]
 
 from kernel_harness.checks import (  # noqa: E402
+    CDF_EDGE_ROWS,
+    U_TOP,
     assert_conv_matches,
     assert_path_matches,
+    cdf_edge_inputs,
     conv_inputs,
+    fp32_cdf_end,
     greedy_gap,
     lattice64,
     path_inputs,
@@ -203,6 +207,16 @@ def test_path_sampled_equal_logits_hits_exact_cdf_steps(path_select):
     assert_path_matches(path_select, args, 1.0, u)
 
 
+@pytest.mark.parametrize("finite", CDF_EDGE_ROWS, ids=["3a", "3b", "5"])
+def test_path_sampled_cdf_edge_picks_a_candidate_with_mass(path_select, finite):
+    # The kernel's own fp32 CDF ends below u: it must not run off onto a q = 0 candidate.
+    args, u = cdf_edge_inputs(finite)
+    picks, q = path_select(*args, temperature=1.0, uniforms=u)
+    assert fp32_cdf_end(q) < U_TOP, "premise: the kernel's CDF ends below u"
+    assert picks.tolist() == [len(finite) - 1] and np.array(q)[0, picks.item()] > 0
+    assert_path_matches(path_select, args, 1.0, u)
+
+
 def test_path_sampled_needs_uniforms(path_select):
     with pytest.raises(ValueError):
         path_select(*path_inputs(0, 2, 16, 8, 50), temperature=1.0)
@@ -267,6 +281,7 @@ PATH_MUTATIONS = {
     "walk ignores the predecessor": ("(size_t(t) * K + prev) * K", "(size_t(t) * K + 0) * K", 0.0),
     "gate dropped": ("* float(gate[g_row + j])", "", 0.0),
     "inverse CDF uses <": ("cdf <= u", "cdf < u", 1.0),
+    "CDF edge clamps to K - 1": ("count < last ? count : last", "count < K - 1 ? count : K - 1", 1.0),
 }
 
 
@@ -276,6 +291,8 @@ def test_path_mutation_is_caught(harness, name):
     broken = metal_kernels.path_select_kernel(mutated(harness, old, new), threads=HARNESS_THREADS)
     if temperature == 0:
         args, u = path_inputs(15 * 1000 + 1000, 15, 16, 64, 1000), None
+    elif name.startswith("CDF edge"):
+        args, u = cdf_edge_inputs(CDF_EDGE_ROWS[0])
     else:  # the exact-step case: only there do `<` and `<=` differ reliably
         args = list(path_inputs(4, 6, 16, 8, 50))
         args[0], args[3] = mx.zeros((6, 16)), mx.zeros((6, 8))

@@ -55,6 +55,11 @@ class RecurrentSnapshot:
         state = sum(a.nbytes for arrays, _ in self.states.values() for a in arrays if a is not None)
         return state + sum(x.nbytes for x in self.inputs.values())
 
+    def first(self, rows: int) -> "RecurrentSnapshot":
+        """The snapshot of a forward over only the first `rows` of these rows
+        (same state before it, shorter inputs)."""
+        return RecurrentSnapshot(self.states, {i: x[:, :rows] for i, x in self.inputs.items()})
+
 
 def _causal_window_mask(q_pos: mx.array, k_pos: mx.array, window: int) -> mx.array:
     """Query at position q sees keys at positions in (q - window, q]."""

@@ -10,6 +10,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Optional
 
 from ..errors import ConfigError
+from .activations import ACTIVATIONS
+from .config_check import check_config_values
 
 # Keys that may sit at the top level or inside `dflash_config`.
 _NESTED_KEYS = (
@@ -58,8 +60,13 @@ class DrafterConfig:
     rope_parameters: Optional[dict] = None
     max_position_embeddings: int = 40960
     attention_bias: bool = False
+    hidden_act: str = "silu"
     layer_types: Optional[list[str]] = None
-    sliding_window: Optional[int] = None
+    # As transformers' Qwen3Config: the window exists only with use_sliding_window
+    # (default False); without layer_types, layers from max_window_layers on slide.
+    use_sliding_window: bool = False
+    sliding_window: Optional[int] = 4096
+    max_window_layers: int = 28
     architectures: list[str] = field(default_factory=lambda: [DFLASH_ARCH])
     block_size: int = 16
     target_layer_ids: Optional[list[int]] = None
@@ -77,9 +84,12 @@ class DrafterConfig:
     def from_dict(cls, config: dict[str, Any]) -> "DrafterConfig":
         flat = dict(config)
         nested = config.get("dflash_config") or {}
+        if not isinstance(nested, dict):
+            raise ConfigError(f"drafter config.json: dflash_config is {nested!r}; it must be a JSON object")
         for key in _NESTED_KEYS:
             if nested.get(key) is not None:
                 flat[key] = nested[key]
+        check_config_values(cls, flat)  # types and ranges, naming the key, before any is used
         _refuse_unimplemented(flat)
         known = {f.name for f in fields(cls)}
         required = [
@@ -90,6 +100,14 @@ class DrafterConfig:
             raise ConfigError(
                 f"drafter config.json lacks {', '.join(missing)}: is this a DFlash drafter folder?"
             )
+        if "sliding_window" in flat and flat["sliding_window"] is None:
+            if flat.get("use_sliding_window") and "sliding_attention" in (flat.get("layer_types") or []):
+                raise ConfigError(
+                    "drafter has sliding_attention layers and use_sliding_window but sliding_window "
+                    "is null: set the window in config.json"
+                )
+            # transformers keeps an explicit null: no window at all (not the 4096 default).
+            flat["use_sliding_window"] = False
         # A null in the file means "use the default", as in transformers.
         return cls(**{k: v for k, v in flat.items() if k in known and v is not None})
 
@@ -103,8 +121,14 @@ class DrafterConfig:
                 self.rope_scaling = self.rope_parameters
         if self.rope_theta is None:
             self.rope_theta = 1_000_000.0
+        if not self.use_sliding_window:
+            self.sliding_window = None  # sliding_attention layers then see the whole context
         if self.layer_types is None:
-            self.layer_types = ["full_attention"] * self.num_hidden_layers
+            self.layer_types = [
+                "sliding_attention" if self.sliding_window is not None and i >= self.max_window_layers
+                else "full_attention"
+                for i in range(self.num_hidden_layers)
+            ]
         if len(self.layer_types) != self.num_hidden_layers:
             raise ConfigError(
                 f"drafter layer_types has {len(self.layer_types)} entries for "
@@ -113,8 +137,13 @@ class DrafterConfig:
         for kind in self.layer_types:
             if kind not in ("full_attention", "sliding_attention"):
                 raise ConfigError(f"drafter layer_types entry '{kind}' is not supported")
-        if "sliding_attention" in self.layer_types and not self.sliding_window:
-            raise ConfigError("drafter has sliding_attention layers but no sliding_window")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ConfigError(f"drafter sliding_window {self.sliding_window} must be at least 1")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ConfigError(
+                f"drafter hidden_act '{self.hidden_act}' is not supported (supported: "
+                f"{', '.join(ACTIVATIONS)})"
+            )
         if self.block_size < 2:
             raise ConfigError(f"drafter block_size {self.block_size} must be at least 2")
         if self.is_dflash2:
@@ -172,5 +201,9 @@ def _refuse_unimplemented(flat: dict[str, Any]) -> None:
     prf = flat.get("partial_rotary_factor")
     if prf is not None and float(prf) != 1.0:
         raise ConfigError(f"partial_rotary_factor {prf} is not implemented (only 1.0 is)")
+    if flat.get("is_causal"):
+        raise ConfigError(
+            "is_causal: true is not implemented: DFlash drafters attend non-causally within the block"
+        )
     if flat.get("attention_sink_bias"):
         raise ConfigError("attention_sink_bias is not implemented by this engine")

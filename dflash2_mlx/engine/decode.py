@@ -15,6 +15,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from ..errors import DFlashError
+from .last_verify import LastVerify
 from .pair import Pair
 from .plain_steps import plain_steps
 from .profile import CycleProfiler
@@ -46,6 +47,8 @@ class DecodeCache:
     tokens: list[int] = field(default_factory=list)
     # True when the caches hold rows past `tokens` that could not be rewound.
     stale: bool = False
+    # The last verify block of a recurrent target, so `truncate` can rewind into it.
+    last_verify: Optional[LastVerify] = None
 
     @property
     def offset(self) -> int:
@@ -59,13 +62,17 @@ class DecodeCache:
             return
         del self.tokens[n_tokens:]
         keep = max(n_tokens - 1, 0)
+        if self.last_verify is not None and not can_trim_prompt_cache(self.target):
+            # Recurrent layers: replay the rows of the last verified block that stay
+            # (a no-op returning False when the cut is not inside that block).
+            self.last_verify.rewind(self.target, self.offset, self.offset - keep)
         for caches in (self.target, self.drafter):
             if caches:
                 excess = caches[0].offset - keep
                 if excess > 0:
-                    # Recurrent state cannot be rewound after the fact, and a
-                    # window cache only by about one block: callers must
-                    # re-prefill before continuing.
+                    # Recurrent state cannot be rewound past its last verified
+                    # block, and a window cache only by about one block:
+                    # callers must re-prefill before continuing.
                     if not can_trim_prompt_cache(caches):
                         self.stale = True
                         return
@@ -192,6 +199,7 @@ def speculative_generate_step(
             mx.async_eval(prop.draft)
             profiler.lap("select", prop.draft)
             verify_in = mx.concatenate([mx.array([anchor], dtype=mx.int32), prop.draft])[None]
+            cache.last_verify = None  # about to change: no longer the block the cache ends with
             logits, features, undo = target.forward_undoable(verify_in, cache.target, pair.layer_ids)
             profiler.lap("verify", logits, features)
             if sampling.greedy:
@@ -207,6 +215,7 @@ def speculative_generate_step(
             if len(tokens) > left:  # the last block verified one draft past the limit
                 tokens, keep = tokens[:left], left
             target.rollback(cache.target, undo, keep)
+            cache.last_verify = LastVerify.after_rollback(target, undo, keep)
             pending.append(features[:, :keep])
             cache.tokens.extend(tokens)
             anchor = tokens[-1]

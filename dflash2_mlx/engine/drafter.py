@@ -11,13 +11,14 @@ from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.activations import swiglu
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
+from .activations import gated
 from .config import DrafterConfig
 from .conv import TwoTapConv
 from .selector import CandidateSelector
+from .window import decode_window_mask
 
 
 class DrafterAttention(nn.Module):
@@ -32,7 +33,8 @@ class DrafterAttention(nn.Module):
         self.q_proj = nn.Linear(H, self.n_heads * hd, bias=bias)
         self.k_proj = nn.Linear(H, self.n_kv_heads * hd, bias=bias)
         self.v_proj = nn.Linear(H, self.n_kv_heads * hd, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * hd, H, bias=False)
+        # transformers' Qwen3 attention puts attention_bias on o_proj too.
+        self.o_proj = nn.Linear(self.n_heads * hd, H, bias=bias)
         self.q_norm = nn.RMSNorm(hd, eps=config.rms_norm_eps)
         self.k_norm = nn.RMSNorm(hd, eps=config.rms_norm_eps)
         self.rope = initialize_rope(
@@ -51,14 +53,15 @@ class DrafterAttention(nn.Module):
 
     def __call__(self, x: mx.array, context: "CachedContext") -> mx.array:
         N, B, _ = x.shape
-        kc, vc, block_start, mask = context.keys_values(self)
+        kc, vc, block_start, mask = context.keys_values(self, B)
         q = self.q_norm(self.q_proj(x).reshape(N, B, self.n_heads, -1)).transpose(0, 2, 1, 3)
         q = self.rope(q, offset=block_start)
         kb, vb = self.keys_values(x, block_start)
         if kc is not None:
             kb = mx.concatenate([kc, kb], axis=2)
             vb = mx.concatenate([vc, vb], axis=2)
-        # Non-causal: every block row sees its visible context rows and the whole block.
+        # Non-causal: every block row sees the context rows and block rows its mask
+        # allows (all of them on full-attention layers).
         out = mx.fast.scaled_dot_product_attention(q, kb, vb, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(N, B, -1))
 
@@ -112,30 +115,37 @@ class CachedContext:
     def __init__(self, rows: Optional[mx.array], cache: KVCache):
         self.rows, self.cache = rows, cache
 
-    def keys_values(self, attn: DrafterAttention):
-        """(context keys, values, block start position, mask) for `attn`."""
+    def keys_values(self, attn: DrafterAttention, block: int):
+        """(context keys, values, block start position, mask) for `attn` and a
+        block of `block` rows."""
         cache = self.cache
         if self.rows is not None and self.rows.shape[1] > 0:
             kc, vc = cache.update_and_fetch(*attn.keys_values(self.rows, cache.offset))
         elif cache.offset > 0:
             kc, vc = cache.keys_and_values()
         else:
-            return None, None, cache.offset, None
-        if attn.sliding_window is not None:
-            kc = kc[:, :, -(attn.sliding_window - 1) :]
-            vc = vc[:, :, -(attn.sliding_window - 1) :]
-        return kc, vc, cache.offset, None
+            kc = vc = None
+        window = attn.sliding_window
+        if window is None:
+            return kc, vc, cache.offset, None
+        if kc is not None:
+            # Row 0 sees the last W - 1 context rows; the mask takes one more
+            # from each later row (window.py).
+            kc, vc = kc[:, :, -(window - 1) :], vc[:, :, -(window - 1) :]
+        rows = 0 if kc is None else kc.shape[2]
+        return kc, vc, cache.offset, decode_window_mask(rows, cache.offset, block, window)
 
 
 class DrafterMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int):
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str = "silu"):
         super().__init__()
+        self.hidden_act = hidden_act
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+        return self.down_proj(gated(self.hidden_act, self.gate_proj(x), self.up_proj(x)))
 
 
 class DrafterLayer(nn.Module):
@@ -144,7 +154,7 @@ class DrafterLayer(nn.Module):
         window = config.sliding_window if layer_type == "sliding_attention" else None
         H = config.hidden_size
         self.self_attn = DrafterAttention(config, window)
-        self.mlp = DrafterMLP(H, config.intermediate_size)
+        self.mlp = DrafterMLP(H, config.intermediate_size, config.hidden_act)
         self.input_layernorm = nn.RMSNorm(H, eps=config.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(H, eps=config.rms_norm_eps)
         self.dflash2 = config.is_dflash2

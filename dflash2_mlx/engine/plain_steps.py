@@ -49,6 +49,8 @@ def plain_steps(
         mx.async_eval(y)
         return y, features, undo
 
+    # The cache no longer ends with the last verified block (recurrent rewinds need that).
+    cache.last_verify = None
     key, sub = mx.random.split(key)
     current = step(mx.array([anchor], dtype=mx.int32), sub)
     n = 0

@@ -5,6 +5,7 @@ distribution, so both use `make_logprobs_transform`: mlx-lm's own filters
 (top-p, min-p, top-k, applied in mlx-lm's order) then temperature.
 """
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -25,6 +26,9 @@ class SamplingParams:
     seed: Optional[int] = None
 
     def __post_init__(self):
+        # nan passes every comparison below unnoticed, and inf would flatten the distribution.
+        if not math.isfinite(self.temperature):
+            raise DFlashError(f"temperature {self.temperature} is not a finite number: use 0 for greedy or a value > 0")
         if self.temperature < 0:
             raise DFlashError(f"temperature {self.temperature} is negative: use 0 for greedy or a value > 0")
         if not 0 < self.top_p <= 1:
@@ -33,6 +37,8 @@ class SamplingParams:
             raise DFlashError(f"top_k {self.top_k} must be 0 (off) or positive")
         if not 0 <= self.min_p <= 1:
             raise DFlashError(f"min_p {self.min_p} must be in [0, 1]")
+        if self.seed is not None and not 0 <= self.seed < 2**64:  # MLX keys are 64-bit
+            raise DFlashError(f"seed {self.seed} must be between 0 and 2**64 - 1")
 
     @property
     def greedy(self) -> bool:

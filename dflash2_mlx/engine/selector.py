@@ -76,10 +76,16 @@ def walk_sampled(S: mx.array, uniforms: mx.array, temperature: float) -> tuple[m
     N, K, _ = S.shape
     prev = mx.array(0, dtype=mx.int32)
     picks, rows = [], []
+    index = mx.arange(K)
     for t in range(N):
         q = mx.softmax(S[t][prev] / temperature, axis=-1, precise=True)
         cdf = mx.cumsum(q, axis=-1)
-        prev = mx.minimum(mx.sum(cdf <= uniforms[t]), K - 1).astype(mx.int32)
+        # The fp32 CDF can end below 1 (e.g. 1 - 2^-23) and u can lie above it.
+        # Clamping to K - 1 could then pick a candidate whose q underflowed to 0,
+        # which verification would always accept (p / q = inf): clamp to the last
+        # candidate with q > 0 instead (one exists: the maximum's q is >= 1/K).
+        last = mx.max(mx.where(q > 0, index, 0))
+        prev = mx.minimum(mx.sum(cdf <= uniforms[t]), last).astype(mx.int32)
         picks.append(prev)
         rows.append(q)
     return mx.stack(picks), mx.stack(rows)

@@ -38,6 +38,12 @@ class Undo:
     tokens: mx.array  # [1, L]
     snapshot: Optional[RecurrentSnapshot]
 
+    def kept(self, rows: int) -> "Undo":
+        """The record of a forward over only the first `rows` rows: what a
+        cache rolled back to keep `rows` can be undone (further) with."""
+        snapshot = None if self.snapshot is None else self.snapshot.first(rows)
+        return Undo(self.tokens[:, :rows], snapshot)
+
 
 def check_supported(model_type: str) -> None:
     if model_type not in FAMILIES:

@@ -13,6 +13,8 @@ from ..engine.drafter import Drafter
 from ..errors import CheckpointError, ConfigError
 from ..device import default_activation_dtype
 from .hub import resolve
+from .safetensors_header import check_safetensors
+from .target_checks import check_target_folder
 from .quantize import apply_saved_quantization, saved_activation_dtype, unpacked_width
 from ..engine.target import Target, check_supported
 
@@ -38,6 +40,7 @@ def read_safetensors(folder: Path, what: str) -> dict[str, mx.array]:
         raise CheckpointError(f"{what} folder '{folder}' has no .safetensors weights")
     weights = {}
     for f in files:
+        check_safetensors(f, what)
         try:
             weights.update(mx.load(str(f)))
         except Exception as e:  # mlx raises bare RuntimeError/ValueError on bad files
@@ -85,13 +88,26 @@ def load_target(
     check_supported(model_type)
     if not list(folder.glob("*.safetensors")):
         raise CheckpointError(f"target folder '{folder}' has no .safetensors weights")
+    check_target_folder(folder, config)
+    # What the checks above cannot foresee is still about this folder, not a bug here:
+    # mlx-lm and tokenizers raise whatever their parsers meet (tokenizers a bare Exception).
     try:
         model, config = load_model(folder)
-    except ValueError as e:
-        raise CheckpointError(f"target '{ref}' does not load: {str(e).splitlines()[0]}") from None
+    except Exception as e:
+        raise CheckpointError(f"target '{ref}' does not load ({_first_line(e)}): check its config.json "
+                              "and weights, or download them again") from None
     cast_floating(model, activation_dtype or default_activation_dtype())
-    tokenizer = load_tokenizer(folder, tokenizer_config, eos_token_ids=config.get("eos_token_id"))
+    try:
+        tokenizer = load_tokenizer(folder, tokenizer_config, eos_token_ids=config.get("eos_token_id"))
+    except Exception as e:
+        raise CheckpointError(f"target '{ref}' tokenizer does not load ({_first_line(e)}): check its "
+                              "tokenizer files, or download them again") from None
     return Target(model), tokenizer
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
 # -- drafter -------------------------------------------------------------------

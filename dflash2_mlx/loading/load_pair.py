@@ -4,11 +4,13 @@ import warnings
 from typing import Optional
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from ..engine.pair import Pair
+from ..errors import DFlashError
 from .builtin import resolve_builtin
 from .checkpoints import load_drafter, load_target
-from .quantize import DraftQuant, quantize_drafter
+from .quantize import DraftQuant, is_quantized, quantize_drafter
 
 
 def load_pair(
@@ -27,6 +29,12 @@ def load_pair(
     drafter = None
     if drafter_ref:
         drafter = load_drafter(resolve_builtin(drafter_ref, "drafter"), activation_dtype=activation_dtype)
+        if quant and is_quantized(drafter):  # quantizing packed weights again would be silently skipped
+            raise DFlashError(f"drafter '{drafter_ref}' is already quantized: drop --draft-quant, or quantize "
+                              "the original (unquantized) drafter instead")
+        if activation_dtype is None and _runs_in_fp16(drafter):  # `--draft-quant w4a16`'s pitfall, in a saved copy
+            warnings.warn(f"drafter '{drafter_ref}' was saved with fp16 activations, which overflow DFlash residuals "
+                          "and can zero acceptance on M1/M2: quantize the original again with a32 or abf16")
     target, tokenizer = load_target(
         resolve_builtin(target_ref, "target"), activation_dtype=activation_dtype,
         tokenizer_config=tokenizer_config,
@@ -40,3 +48,8 @@ def load_pair(
             )
         quantize_drafter(drafter, quant)
     return pair, tokenizer
+
+
+def _runs_in_fp16(drafter) -> bool:
+    return any(v.dtype == mx.float16 for _, v in tree_flatten(drafter.parameters()))
+

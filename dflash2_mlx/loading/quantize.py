@@ -94,6 +94,11 @@ def unpacked_width(width: int, meta: Optional[dict], path: str) -> int:
     return width * 32 // bits
 
 
+def is_quantized(module: nn.Module) -> bool:
+    """Whether any layer of `module` already holds packed (quantized) weights."""
+    return any(hasattr(m, "bits") for _, m in module.named_modules())
+
+
 def quantize_drafter(drafter: nn.Module, quant: DraftQuant) -> dict:
     """Quantize in place; returns the metadata to save with it."""
     meta = _plan(drafter, quant)

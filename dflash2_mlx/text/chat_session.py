@@ -16,6 +16,7 @@ from ..engine.pair import Pair
 from ..engine.sampling import SamplingParams
 from ..errors import DFlashError
 from .generate import GenerationResponse, stream_generate
+from .prompt import render_conversation
 from .stats import GenerationStats
 
 
@@ -46,9 +47,10 @@ def block_size_setting(raw: str):
     return "auto" if raw.strip().lower() == "auto" else int(raw)
 
 
-block_size_setting.__name__ = "block size ('auto' or a whole number)"
 SETTINGS = {"temp": float, "top_p": float, "top_k": int, "min_p": float, "max_tokens": int,
             "block_size": block_size_setting}
+# "/set top_k needs an integer, not 'x'"
+_A_TYPE = {int: "an integer", float: "a number", block_size_setting: "'auto' or an integer"}
 
 
 class ChatSession:
@@ -105,7 +107,7 @@ class ChatSession:
         try:
             value = SETTINGS[name](raw)
         except ValueError:
-            raise DFlashError(f"/set {name} needs a {SETTINGS[name].__name__}, not '{raw}'") from None
+            raise DFlashError(f"/set {name} needs {_A_TYPE.get(SETTINGS[name], SETTINGS[name].__name__)}, not '{raw}'") from None
         if name == "max_tokens":
             if value < 1:
                 raise DFlashError(f"max_tokens {value} must be at least 1")
@@ -131,16 +133,10 @@ class ChatSession:
     # -- rendering ----------------------------------------------------------------
     def render(self, messages: list[dict]) -> str:
         """The conversation as the model reads it, ending with the assistant's cue."""
-        if self.use_chat_template:
-            full = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else []) + messages
-            return self.tokenizer.apply_chat_template(
-                full, tokenize=False, add_generation_prompt=True, **self.template_kwargs
-            )
-        # No template: the turns are one running text.
-        parts = [self.system_prompt + "\n\n"] if self.system_prompt else []
-        for m in messages:
-            parts.append(("\n" if m["role"] == "user" and parts else "") + m["content"])
-        return "".join(parts)
+        return render_conversation(
+            self.tokenizer, messages, system_prompt=self.system_prompt,
+            use_chat_template=self.use_chat_template, template_kwargs=self.template_kwargs,
+        )[0]
 
     def _encode(self, text: str, whole: bool) -> list[int]:
         if self.use_chat_template or not whole:

@@ -28,3 +28,30 @@ def build_prompt(
     if system_prompt:
         text = f"{system_prompt}\n\n{text}"
     return list(tokenizer.encode(text))
+
+
+def render_conversation(
+    tokenizer,
+    messages: list[dict],
+    *,
+    system_prompt: Optional[str] = None,
+    use_chat_template: bool = True,
+    template_kwargs: Optional[dict] = None,
+    tools: Optional[list] = None,
+) -> tuple[str, bool]:
+    """(text, templated): the conversation as the model reads it, ending with
+    the assistant's cue. With a chat template, `tools` and `template_kwargs` go
+    to it; without one the turns are one running text, `dflash2 chat`'s and
+    `dflash2 serve`'s alike (a leading system message stands for `system_prompt`)."""
+    if messages and messages[0]["role"] == "system" and system_prompt is None:
+        system_prompt, messages = messages[0]["content"], messages[1:]
+    if use_chat_template and getattr(tokenizer, "chat_template", None):
+        full = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + list(messages)
+        kwargs = dict(template_kwargs or {})
+        if tools:
+            kwargs["tools"] = tools
+        return tokenizer.apply_chat_template(full, tokenize=False, add_generation_prompt=True, **kwargs), True
+    parts = [system_prompt + "\n\n"] if system_prompt else []
+    for m in messages:
+        parts.append(("\n" if m["role"] == "user" and parts else "") + m["content"])
+    return "".join(parts), False

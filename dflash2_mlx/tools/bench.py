@@ -205,6 +205,8 @@ def run_bench(
             for i in range(len(runs) - repeats * len(configs), len(runs)):
                 if runs[i].mode != "ar":
                     runs[i] = _with(runs[i], identical_to_ar=runs[i].token_ids == ref)
+    if on_run:  # after the last run too, so a progress display reaches total/total
+        on_run(done, total, "done")
     cost = verify_cost(target, first_ids, [1] + [B for _, B, _ in configs if B != "auto" and B > 1],
                        layer_ids=pairs[0].layer_ids if pairs else ())
     summary = summarize(runs)

@@ -156,7 +156,7 @@ def drafter_config_dict(target: dict, kind: str = "dflash2", num_layers: int = 2
         "max_position_embeddings": 2048, "attention_bias": False, "tie_word_embeddings": True,
         "num_target_layers": n_target, "dtype": "bfloat16",
         "layer_types": ["sliding_attention" if sliding else "full_attention"] * num_layers,
-        "sliding_window": 8 if sliding else None,
+        "use_sliding_window": sliding, "sliding_window": 8 if sliding else None,
         "dflash_config": {"mask_token_id": mask, "target_layer_ids": ids},
     }
     if rope_nested:
@@ -181,7 +181,7 @@ def random_drafter(config: dict, seed: int = 0, trained_extras: bool = True) -> 
     corrections and the successor codebook (identity/zero at init)."""
     mx.random.seed(seed)
     dc = DrafterConfig.from_dict(config)
-    n_taps = len(dc.resolve_layer_ids(config["num_target_layers"]))
+    n_taps = len(dc.target_layer_ids)  # filled from num_target_layers when the file has no ids
     drafter = Drafter(dc, fc_in_features=n_taps * config["hidden_size"])
     if dc.is_dflash2 and trained_extras:
         for layer in drafter.layers:

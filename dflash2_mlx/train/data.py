@@ -41,32 +41,56 @@ def read_examples(paths: Sequence[str]) -> list[Example]:
 
 
 def _read_file(f: Path) -> list[Example]:
+    raw = f.read_bytes()
     try:
-        text = f.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise DFlashError(f"training file '{f}' is not UTF-8 text") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise DFlashError(f"{f}:{line} is not UTF-8 text (byte 0x{raw[e.start]:02x}): save the file as UTF-8") from None
     if f.suffix != ".jsonl":
         return [Example(text, source=str(f))]
     out = []
-    for n, line in enumerate(text.splitlines(), 1):
+    # "\n" only: str.splitlines would also cut at U+2028 and friends, which JSON strings may hold.
+    for n, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
+        except ValueError:
             raise DFlashError(f"{f}:{n} is not valid JSON") from None
-        if "messages" in row:
-            msgs = row["messages"]
-            answer = msgs[-1]["content"] if msgs and msgs[-1].get("role") == "assistant" else ""
-            prompt = "\n".join(m["content"] for m in (msgs[:-1] if answer else msgs))
-            out.append(Example(prompt, answer, f"{f}:{n}"))
-        elif "prompt" in row:
-            out.append(Example(row["prompt"], row.get("response") or row.get("completion") or "", f"{f}:{n}"))
-        elif "text" in row:
-            out.append(Example(row["text"], source=f"{f}:{n}"))
-        else:
-            raise DFlashError(f"{f}:{n} has none of text, prompt or messages")
+        out.append(_row_example(row, f"{f}:{n}"))
     return out
+
+
+_ROW_KINDS = 'a JSON object with "text", "prompt" (and "response" or "completion") or "messages"'
+
+
+def _row_example(row, where: str) -> Example:
+    """One JSONL row as an Example; a row of the wrong shape names its line."""
+    if not isinstance(row, dict):
+        raise DFlashError(f"{where} is {json.dumps(row)[:30]}, not {_ROW_KINDS}")
+
+    def text(key, value):
+        if not isinstance(value, str):
+            raise DFlashError(f"{where}: \"{key}\" is {json.dumps(value)[:30]}, not a string")
+        return value
+
+    if "messages" in row:
+        msgs = row["messages"]
+        if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
+            raise DFlashError(f'{where}: "messages" must be a list of {{"role": ..., "content": ...}} objects')
+        for m in msgs:
+            text("role", m.get("role"))
+            text("content", m.get("content"))
+        answer = msgs[-1]["content"] if msgs and msgs[-1]["role"] == "assistant" else ""
+        prompt = "\n".join(m["content"] for m in (msgs[:-1] if answer else msgs))
+        return Example(prompt, answer, where)
+    if "prompt" in row:
+        answer = row.get("response") if row.get("response") is not None else row.get("completion")
+        return Example(text("prompt", row["prompt"]), "" if answer is None else text("response", answer), where)
+    if "text" in row:
+        return Example(text("text", row["text"]), source=where)
+    raise DFlashError(f"{where} has none of text, prompt or messages: each line must be {_ROW_KINDS}")
 
 
 def regenerate(examples: list[Example], model, tokenizer, max_tokens: int, batch_size: int = 16) -> list[Example]:

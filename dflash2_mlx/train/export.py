@@ -85,13 +85,13 @@ def atomic_write_folder(folder: Path, files: dict[str, object]) -> Path:
         tmp.mkdir()
     except OSError as e:
         raise DFlashError(f"cannot write into '{parent}' ({e.strerror}): choose a writable output folder") from None
+    old = None
     try:
         for name, content in files.items():
             if name.endswith(".safetensors"):
                 mx.save_safetensors(str(tmp / name), content, metadata={"format": "pt"})
             else:
                 (tmp / name).write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
-        old = None
         if folder.exists():
             old = parent / f".{folder.name}.{uuid.uuid4().hex[:8]}.old"
             os.replace(folder, old)
@@ -99,6 +99,9 @@ def atomic_write_folder(folder: Path, files: dict[str, object]) -> Path:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:
+        # A Ctrl-C between the two renames must not leave no folder at all.
+        if old is not None and old.exists() and not folder.exists():
+            os.replace(old, folder)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return folder

@@ -1,13 +1,16 @@
 """Many training blocks per sequence in one drafter pass (spec §4).
 
 Each block `[x_anchor, MASK, ...]` becomes one row of the batch; its queries
-see the context rows strictly before its anchor (within the sliding window on
-sliding layers) and its own block, nothing else. The context keys/values of a
-sequence are projected once per layer and gathered for each of its blocks.
+see the context rows strictly before its anchor and its own block, nothing
+else (on sliding layers, each row only within its own window: engine/window.py).
+The context keys/values of a sequence are projected once per layer and
+gathered for each of its blocks.
 """
 
 import mlx.core as mx
 import numpy as np
+
+from ..engine.window import window_visible
 
 
 class PackedContext:
@@ -19,18 +22,23 @@ class PackedContext:
         self.anchors = anchors  # [NB] absolute position of each anchor
         self.block_size = block_size
 
-    def keys_values(self, attn):
+    def keys_values(self, attn, block: int):
         kc, vc = attn.keys_values(self.rows, 0)
         kc, vc = kc[self.seq_of_block], vc[self.seq_of_block]
         L = self.rows.shape[1]
-        j = mx.arange(L)[None, :]
         anchor = self.anchors[:, None]
-        visible = j < anchor
-        if attn.sliding_window is not None:
-            visible = visible & (j >= anchor - (attn.sliding_window - 1))
-        block = mx.ones((visible.shape[0], self.block_size), dtype=mx.bool_)
-        mask = mx.concatenate([visible, block], axis=1)[:, None, None, :]
-        return kc, vc, self.anchors, mask
+        before_anchor = mx.arange(L)[None, :] < anchor  # [NB, L]
+        if attn.sliding_window is None:
+            block_keys = mx.ones((anchor.shape[0], block), dtype=mx.bool_)
+            mask = mx.concatenate([before_anchor, block_keys], axis=1)[:, None, None, :]
+            return kc, vc, self.anchors, mask
+        # Each block row measures the window from its own position (window.py),
+        # as the drafter was trained and as decode does.
+        queries = anchor + mx.arange(block)[None, :]  # [NB, B]
+        keys = mx.concatenate([mx.broadcast_to(mx.arange(L)[None, :], before_anchor.shape), queries], axis=1)
+        in_window = window_visible(queries, keys, attn.sliding_window)  # [NB, B, L + B]
+        own = mx.concatenate([before_anchor, mx.ones(queries.shape, dtype=mx.bool_)], axis=1)
+        return kc, vc, self.anchors, (in_window & own[:, None, :])[:, None]
 
 
 def sample_anchors(keys: list, seq_len: int, block_size: int, per_seq: int):

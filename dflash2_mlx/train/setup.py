@@ -15,6 +15,7 @@ from ..loading.builtin import resolve_builtin
 from ..loading.checkpoints import load_drafter, load_target
 from .data import pack_sequences, read_examples, regenerate
 from .export import new_drafter_config, upgraded_config
+from .outdir import check_out_dir
 from .trainer import DrafterTrainer, TrainConfig
 
 
@@ -50,6 +51,22 @@ def init_selector(drafter: Drafter, seed: int) -> None:
     sel.successor_codebook.weight = mx.zeros_like(sel.successor_codebook.weight)
 
 
+def check_run_options(kind: str = "dflash2", num_layers: int = 1, block_size: int = 16, seq_len: int = 256,
+                      selector_rank: int = 256, regenerate_tokens: int = 0) -> None:
+    """The shape options, refused before any folder is made or model loaded."""
+    if kind not in ("dflash", "dflash2"):
+        raise DFlashError(f"--kind '{kind}' is not one of dflash, dflash2")
+    for flag, value in (("--layers", num_layers), ("--selector-rank", selector_rank)):
+        if value < 1:
+            raise DFlashError(f"{flag} {value} must be at least 1")
+    if regenerate_tokens < 0:
+        raise DFlashError(f"--regenerate {regenerate_tokens} must be 0 (off) or a number of tokens")
+    if block_size < 2:
+        raise DFlashError(f"--block-size {block_size} must be at least 2")
+    if seq_len <= block_size:
+        raise DFlashError(f"--block-size {block_size} does not fit --seq-len {seq_len}: a block needs context before it")
+
+
 def prepare(
     target_ref: str,
     data: Sequence[str],
@@ -67,13 +84,10 @@ def prepare(
     config: TrainConfig = TrainConfig(),
     group=None,
 ) -> DrafterTrainer:
-    if kind not in ("dflash", "dflash2"):
-        raise DFlashError(f"--kind '{kind}' is not one of dflash, dflash2")
-    if block_size < 2:
-        raise DFlashError(f"--block-size {block_size} must be at least 2")
-    if seq_len <= block_size:
-        raise DFlashError(f"--block-size {block_size} does not fit --seq-len {seq_len}: a block needs context before it")
+    check_run_options(kind, num_layers, block_size, seq_len, selector_rank, regenerate_tokens)
     out_dir = Path(out_dir).expanduser()
+    check_out_dir(out_dir)  # before anything is written into it
+    examples = read_examples(data)  # bad data fails before the folder is made
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         probe = out_dir / f".write-test-{os.getpid()}"  # one per process: ranks share the folder
@@ -82,7 +96,6 @@ def prepare(
     except OSError as e:
         raise DFlashError(f"cannot write to output folder '{out_dir}' ({e.strerror}): choose another --out") from None
 
-    examples = read_examples(data)
     target, tokenizer = load_target(resolve_builtin(target_ref, "target"), activation_dtype=mx.float32)
     if init_from:
         from ..loading.hub import resolve

@@ -8,6 +8,7 @@ takes its slice of every global batch and gradients are averaged.
 """
 
 import json
+import math
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -25,6 +26,7 @@ from ..errors import DFlashError
 from ..files import atomic_write_text
 from .data import BatchOrder
 from .export import atomic_write_folder, export_drafter
+from .outdir import CHECKPOINT_FORMAT, check_export_target, own_checkpoints
 from .loss import block_loss, recall_by_position, selector_loss
 from .forward import packed_forward, target_features
 from .packing import make_blocks, sample_anchors
@@ -45,6 +47,21 @@ class TrainConfig:
     save_every: int = 100
     keep_checkpoints: int = 2
     seed: int = 0
+
+    def __post_init__(self):
+        # Refused here, before any folder is made or model loaded: a zero would
+        # otherwise divide, loop forever or train nothing after minutes of loading.
+        for flag, value in (("--steps", self.steps), ("--batch-size", self.batch_size),
+                            ("--blocks-per-seq", self.blocks_per_seq), ("--eval-every", self.eval_every),
+                            ("--save-every", self.save_every)):
+            if value < 1:
+                raise DFlashError(f"{flag} {value} must be at least 1")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise DFlashError(f"--lr {self.lr} must be a positive number")
+        if not 0 <= self.seed < 2**64:
+            raise DFlashError(f"--seed {self.seed} must be between 0 and 2**64 - 1")
+        if self.keep_checkpoints < 1:
+            raise DFlashError(f"keep_checkpoints {self.keep_checkpoints} must be at least 1")
 
 
 @dataclass(frozen=True)
@@ -155,6 +172,7 @@ class DrafterTrainer:
         )
         self.optimizer = optim.AdamW(learning_rate=schedule, betas=[0.9, 0.95], weight_decay=config.weight_decay)
         self.step = 0
+        self.resume_note = ""  # what resuming did, for the user (set by `resume`)
         self._grad_fn = nn.value_and_grad(drafter, self._loss)
 
     # -- the model pass ---------------------------------------------------------
@@ -233,15 +251,18 @@ class DrafterTrainer:
         if self.rank != 0:
             return None
         folder = self.ckpt_dir / f"step-{self.step:07d}"
-        state = {"step": self.step, "config": asdict(self.config), "drafter_config": self.drafter_config}
+        state = {"format": CHECKPOINT_FORMAT, "step": self.step, "config": asdict(self.config),
+                 "drafter_config": self.drafter_config}
         atomic_write_folder(folder, {
             "drafter.safetensors": dict(tree_flatten(self.drafter.parameters())),
             "optimizer.safetensors": dict(tree_flatten(self.optimizer.state)),
             "state.json": state,
         })
         atomic_write_folder(self.ckpt_dir / "latest", {"pointer.json": {"folder": folder.name}})
-        for old in sorted(self.ckpt_dir.glob("step-*"))[: -self.config.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
+        # Only checkpoints this tool wrote, oldest by step first; never the one just written.
+        for _, old in own_checkpoints(self.ckpt_dir)[: -self.config.keep_checkpoints]:
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
         return folder
 
     def resume(self) -> bool:
@@ -266,6 +287,7 @@ class DrafterTrainer:
         self.step = state["step"]
         mx.eval(self.drafter.parameters(), self.optimizer.state)
         self._forget_metrics_after(self.step)
+        self.resume_note = resume_note(self.step, (state.get("config") or {}).get("steps"), self.config.steps)
         return True
 
     def _forget_metrics_after(self, step: int) -> None:
@@ -277,7 +299,9 @@ class DrafterTrainer:
         atomic_write_text(self.out_dir / METRICS, "".join(json.dumps(r) + "\n" for r in kept))
 
     def export(self, folder=None) -> Path:
-        return export_drafter(self.drafter, self.drafter_config, folder or self.out_dir / "drafter")
+        folder = Path(folder or self.out_dir / "drafter")
+        check_export_target(folder)  # replaced whole: only ever an earlier export
+        return export_drafter(self.drafter, self.drafter_config, folder)
 
     # -- the loop -------------------------------------------------------------------------
     def log(self, event: Event) -> None:
@@ -307,3 +331,15 @@ class DrafterTrainer:
                     yield SavedEvent(self.step, str(path))
         if self.rank == 0:
             yield SavedEvent(self.step, str(self.export()))
+
+
+def resume_note(step: int, planned: Optional[int], steps: int) -> str:
+    """What resuming at `step` does when the run was started with another --steps."""
+    if planned is None or planned == steps:
+        return f"resumed from step {step}"
+    if step >= steps:
+        return (f"resumed at step {step}, already at or past --steps {steps} (the run was started with --steps "
+                f"{planned}): nothing to train, the drafter is exported as it is at step {step}")
+    return (f"resumed at step {step} of a run started with --steps {planned}: it now trains to --steps {steps}, "
+            f"and the learning-rate schedule (warm-up and cosine decay) is recomputed for {steps} steps from here on")
+

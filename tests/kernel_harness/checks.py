@@ -147,3 +147,29 @@ def assert_path_matches(fn: Callable, args, temperature: float = 0.0,
     else:
         np.testing.assert_allclose(np.array(q), np.array(want_q), rtol=Q_RTOL, atol=Q_ATOL,
                                    err_msg="sampled q rows differ")
+
+
+# Rows whose fp32 softmax CDF ends below 1 (at 1 - 2^-23), found by search: a few
+# finite scores, the rest at -300 where exp underflows to exactly 0. With the
+# largest float32 uniform below 1 (U_TOP) the inverse CDF runs off the end.
+U_TOP = np.nextafter(np.float32(1), np.float32(0))
+CDF_EDGE_ROWS = [
+    [2.899937629699707, -1.042000651359558, -1.084018349647522],
+    [-0.9436262845993042, 2.75590181350708, 0.27146145701408386],
+    [4.004785060882568, 0.3770383894443512, -1.266388177871704, -0.7551270127296448, -2.1822922229766846],
+]
+
+
+def cdf_edge_inputs(finite, K: int = 16):
+    """(args, uniforms) of `path_select_ops` whose every lattice row is `finite`
+    then -300s (gate 0: the pair term vanishes, so S_t[p, :] is the unary row)."""
+    unary = np.full((1, K), -300.0, np.float32)
+    unary[0, : len(finite)] = finite
+    ids = mx.zeros((1, K), mx.int32)
+    args = (mx.array(unary), ids, ids, mx.zeros((1, 8)), mx.zeros((4, 8)), mx.zeros((4, 8)))
+    return args, mx.array(np.array([U_TOP], np.float32))
+
+
+def fp32_cdf_end(q) -> np.float32:
+    """The last entry of a q row's CDF, summed left to right in float32."""
+    return np.cumsum(np.array(q, np.float32).reshape(-1), dtype=np.float32)[-1]

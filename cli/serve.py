@@ -1,0 +1,150 @@
+"""`dflash2 serve`: an OpenAI- and Anthropic-compatible HTTP server."""
+
+import ipaddress
+import re
+import signal
+import socket
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from dflash2_mlx.errors import DFlashError
+
+from . import options as o
+
+Host = Annotated[str, typer.Option("--host", help="Address to bind; anything but loopback needs --api-key or --allow-unauthenticated.")]
+Port = Annotated[int, typer.Option("--port", help="Port to bind (0: any free port, printed at start).")]
+ApiKey = Annotated[
+    Optional[str],
+    typer.Option("--api-key", envvar="DFLASH2_API_KEY",
+                 help="Require this key ('Authorization: Bearer KEY' or 'x-api-key: KEY'); also read from DFLASH2_API_KEY."),
+]
+AllowUnauthenticated = Annotated[
+    bool, typer.Option("--allow-unauthenticated", help="Serve a non-loopback --host without an API key (anyone who can reach it may use it)."),
+]
+MaxPromptTokens = Annotated[int, typer.Option("--max-prompt-tokens", help="Refuse prompts longer than this (400).")]
+CacheBytes = Annotated[
+    str, typer.Option("--cache-bytes", help="Prompt cache bound across requests, e.g. 4GB, 512MB or bytes (0 = off); least recently used conversations go first."),
+]
+MaxQueue = Annotated[int, typer.Option("--max-queue", help="Requests that may wait while one generates; more get 429.")]
+DefaultMaxTokens = Annotated[int, typer.Option("--max-tokens", "-m", help="max_tokens for OpenAI requests that do not set it.")]
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def serve(
+    model: o.Model = "builtin",
+    drafter: o.Drafter = None,
+    host: Host = "127.0.0.1",
+    port: Port = 8080,
+    api_key: ApiKey = None,
+    allow_unauthenticated: AllowUnauthenticated = False,
+    block_size: o.BlockSize = "auto",
+    recalibrate: o.Recalibrate = False,
+    draft_quant: o.DraftQuant = None,
+    max_prompt_tokens: MaxPromptTokens = 32768,
+    max_tokens: DefaultMaxTokens = 512,
+    cache_bytes: CacheBytes = "4GB",
+    max_queue: MaxQueue = 32,
+    chat_template_config: o.ChatTemplateConfig = None,
+    ar: o.AR = False,
+    debug: o.Debug = False,
+):
+    """Serve the pair over HTTP: OpenAI (/v1/chat/completions, /v1/completions, /v1/models)
+    and Anthropic (/v1/messages), with DFlash 2 decoding (or --ar), a prompt cache
+    across requests, /health and /metrics. Ctrl-C or SIGTERM drains and exits."""
+    limit = parse_bytes(cache_bytes)
+    if max_queue < 0:
+        raise DFlashError(f"--max-queue {max_queue} must be 0 or more")
+    o.check_max_tokens(max_tokens)
+    if max_prompt_tokens < 1:
+        raise DFlashError(f"--max-prompt-tokens {max_prompt_tokens} must be at least 1")
+    block_size = o.parse_block_size(block_size)
+    if ar and (block_size != "auto" or draft_quant):
+        import warnings
+
+        warnings.warn("--block-size and --draft-quant do nothing with --ar (no drafter is used)")
+    if api_key is not None and not api_key.strip():
+        raise DFlashError("--api-key is empty: give a key, or leave the option out on loopback")
+    if not is_loopback(host) and api_key is None and not allow_unauthenticated:
+        raise DFlashError(f"--host {host} is reachable from other machines: set --api-key KEY, "
+                          "or pass --allow-unauthenticated to serve it open on purpose")
+    template_kwargs = o.parse_template_config(chat_template_config)
+    drafter = o.drafter_for(model, drafter, ar)
+    sock = bind(host, port)
+
+    import uvicorn
+
+    from dflash2_mlx.loading.load_pair import load_pair
+    from dflash2_mlx.serve.app import create_app
+    from dflash2_mlx.serve.service import EngineService
+    from dflash2_mlx.serve.settings import ServeSettings
+
+    def load():  # runs on the engine's thread (MLX streams are per thread)
+        pair, tokenizer = load_pair(model, drafter, draft_quant)
+        # A bad value fails here, not per request; auto reads (or measures once) this machine's costs.
+        from dflash2_mlx.text.prompt import build_prompt
+        from dflash2_mlx.tools.suites import SUITES
+
+        service.block_size, service.calibration = o.block_plan(
+            pair, block_size, build_prompt(tokenizer, SUITES["code"][0]), max_tokens, recalibrate)
+        return pair, tokenizer
+
+    service = EngineService(load, max_queue=max_queue, cache_bytes=limit)
+    print("loading models…", file=sys.stderr)
+    pair, _ = service.start()
+    settings = ServeSettings(model_id=model, api_key=api_key, max_prompt_tokens=max_prompt_tokens,
+                             default_max_tokens=max_tokens, template_kwargs=template_kwargs)
+    app = create_app(service, settings)
+    bound = sock.getsockname()
+    mode = "plain autoregressive" if pair.drafter is None else pair.kind
+    print(f"serving '{model}' ({mode}) on http://{_url_host(bound[0])}:{bound[1]}  "
+          f"(OpenAI /v1/chat/completions, Anthropic /v1/messages; Ctrl-C stops)", file=sys.stderr, flush=True)
+    config = uvicorn.Config(app, log_level="info" if debug else "warning", access_log=debug,
+                            timeout_graceful_shutdown=60)
+    # Uvicorn drains on the first SIGINT/SIGTERM, then raises the signal again
+    # for the default action; ignoring that second delivery lets a drained
+    # server exit 0 instead of dying by the signal.
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print("stopped", file=sys.stderr)
+
+
+def parse_bytes(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise DFlashError(f"--cache-bytes '{text}' is not a size: use e.g. 4GB, 512MB, 0 or a number of bytes")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """Bind here, before loading, so a taken port is one clear line."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise DFlashError(f"cannot listen on {host}:{port} ({e.strerror}): pick another --port or --host") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,177 @@
+"""The Anthropic protocol: POST /v1/messages (streaming and not).
+
+Thin, like the OpenAI layer: a body becomes a `GenerationRequest`; the
+service's events become a message or the `message_start` … `message_stop`
+event stream. Thinking (text inside the template's think tags) becomes
+`thinking` blocks, the rest `text` blocks.
+"""
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator, Optional
+
+from .errors import ApiError
+from .fields import get, stop_list
+from .jobs import Delta, Failed, Finished, GenerationRequest, Job, Started
+from .render import ReasoningSplitter, conversation_ids, starts_thinking, think_tags
+from .sampling_fields import check_model, check_prompt_length, read_max_tokens, read_sampling
+from .settings import ServeSettings
+from .usage import speculative_usage
+
+
+@dataclass(frozen=True)
+class Call:
+    request: GenerationRequest
+    stream: bool
+    think: tuple  # (start tag, end tag, answer starts inside the think block)
+
+
+def parse_messages(body: dict, tokenizer, settings: ServeSettings) -> Call:
+    check_model(body, settings.model_id)
+    messages = []
+    system = body.get("system")
+    if system is not None:
+        messages.append({"role": "system", "content": _text(system, "system")})
+    raw = get(body, "messages", list, required=True)
+    if not raw:
+        raise ApiError(400, "'messages' is empty: send at least one message", "messages")
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise ApiError(400, f"'{where}' must be an object with 'role' and 'content'", where)
+        role = get(m, "role", str, required=True)
+        if role not in ("user", "assistant"):
+            raise ApiError(400, f"'{where}.role' must be 'user' or 'assistant' (the system prompt goes in 'system')",
+                           f"{where}.role")
+        messages.append({"role": role, "content": _text(m.get("content"), f"{where}.content")})
+    tools = [_tool(t, i) for i, t in enumerate(get(body, "tools", list, []))] or None
+    ids, text = conversation_ids(tokenizer, messages, tools=tools, template_kwargs=settings.template_kwargs)
+    check_prompt_length(ids, settings.max_prompt_tokens, "messages")
+    sampling = read_sampling(body, max_temperature=1.0)
+    max_tokens = read_max_tokens(body, ("max_tokens",), 0, required=True)
+    request = GenerationRequest(tuple(ids), max_tokens, sampling, stop_list(body, "stop_sequences"))
+    start, end = think_tags(tokenizer)
+    return Call(request, get(body, "stream", bool, False), (start, end, starts_thinking(text, start, end)))
+
+
+def _text(content, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for block in content:
+            if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+                raise ApiError(400, f"'{where}' may only hold text blocks (this server reads text)", where)
+            parts.append(block["text"])
+        return "".join(parts)
+    raise ApiError(400, f"'{where}' must be a string or an array of text blocks", where)
+
+
+def _tool(tool, index: int) -> dict:
+    # Chat templates read OpenAI-style function tools.
+    if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+        raise ApiError(400, f"'tools[{index}]' needs a 'name'", f"tools[{index}]")
+    return {"type": "function", "function": {"name": tool["name"], "description": tool.get("description", ""),
+                                             "parameters": tool.get("input_schema", {})}}
+
+
+# -- answers ---------------------------------------------------------------------------
+
+
+def stop_reason(fin: Finished, stop_sequence: Optional[str]) -> str:
+    if fin.finish_reason == "length":
+        return "max_tokens"
+    return "stop_sequence" if stop_sequence is not None else "end_turn"
+
+
+def usage(fin: Finished) -> dict:
+    # Anthropic counts cache reads apart from input_tokens.
+    return {"input_tokens": fin.prompt_tokens - fin.cached_tokens, "output_tokens": fin.completion_tokens,
+            "cache_read_input_tokens": fin.cached_tokens, "cache_creation_input_tokens": 0,
+            "dflash2": speculative_usage(fin.stats)}
+
+
+class Answer:
+    def __init__(self, call: Call, model_id: str, tokenizer):
+        self.call, self.model, self.tokenizer = call, model_id, tokenizer
+        self.id = f"msg_{uuid.uuid4().hex[:24]}"
+        self.splitter = ReasoningSplitter(*call.think)
+        self.tokens: list[int] = []
+        self.emitted = ""
+
+    def _message(self, content: list, fin: Optional[Finished], usage_: dict) -> dict:
+        stop = self._stop(fin) if fin else None
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
+                "stop_reason": stop_reason(fin, stop) if fin else None, "stop_sequence": stop, "usage": usage_}
+
+    def _stop(self, fin: Finished) -> Optional[str]:
+        """Which stop sequence ended the answer: the one that follows the
+        emitted text in the full decode of the generated tokens."""
+        stops = self.call.request.stop
+        if fin.finish_reason != "stop" or fin.eos or not stops:
+            return None
+        full = self.tokenizer.decode(self.tokens)
+        return next((s for s in stops if full.startswith(s, len(self.emitted))), stops[0])
+
+    def whole(self, text: str, tokens: list[int], fin: Finished) -> dict:
+        self.tokens, self.emitted = tokens, text
+        reasoning, content = self.splitter.feed(text)
+        r2, c2 = self.splitter.flush()
+        blocks = []
+        if reasoning + r2:
+            blocks.append({"type": "thinking", "thinking": reasoning + r2, "signature": ""})
+        blocks.append({"type": "text", "text": content + c2})
+        return self._message(blocks, fin, usage(fin))
+
+    async def stream(self, job: Job) -> AsyncIterator[str]:
+        index, kind = -1, None  # the open content block
+
+        def open_block(new_kind):
+            nonlocal index, kind
+            out = []
+            if kind is not None:
+                out.append(event("content_block_stop", {"index": index}))
+            index, kind = index + 1, new_kind
+            block = {"type": "thinking", "thinking": "", "signature": ""} if new_kind == "thinking" else {"type": "text", "text": ""}
+            out.append(event("content_block_start", {"index": index, "content_block": block}))
+            return out
+
+        def deltas(reasoning, content):
+            out = []
+            for new_kind, text in (("thinking", reasoning), ("text", content)):
+                if not text:
+                    continue
+                if kind != new_kind:
+                    out += open_block(new_kind)
+                delta = {"type": "thinking_delta", "thinking": text} if new_kind == "thinking" else {"type": "text_delta", "text": text}
+                out.append(event("content_block_delta", {"index": index, "delta": delta}))
+            return out
+
+        async for ev in job.events():
+            if isinstance(ev, Started):
+                start_usage = {"input_tokens": ev.prompt_tokens - ev.cached_tokens, "output_tokens": 0,
+                               "cache_read_input_tokens": ev.cached_tokens, "cache_creation_input_tokens": 0}
+                yield event("message_start", {"message": self._message([], None, start_usage)})
+                for chunk in open_block("text") if not self.call.think[2] else open_block("thinking"):
+                    yield chunk
+            elif isinstance(ev, Delta):
+                self.tokens.append(ev.token)
+                self.emitted += ev.text
+                for chunk in deltas(*self.splitter.feed(ev.text)):
+                    yield chunk
+            elif isinstance(ev, Finished):
+                for chunk in deltas(*self.splitter.flush()):
+                    yield chunk
+                yield event("content_block_stop", {"index": index})
+                stop = self._stop(ev)
+                yield event("message_delta", {"delta": {"stop_reason": stop_reason(ev, stop), "stop_sequence": stop},
+                                              "usage": {"output_tokens": ev.completion_tokens,
+                                                        "dflash2": speculative_usage(ev.stats)}})
+                yield event("message_stop", {})
+            elif isinstance(ev, Failed):
+                yield event("error", {"error": ApiError(ev.status, ev.message).anthropic_body()["error"]})
+
+
+def event(name: str, data: dict) -> str:
+    return f"event: {name}\ndata: {json.dumps({'type': name, **data}, ensure_ascii=False)}\n\n"

@@ -1,0 +1,196 @@
+"""The ASGI application: routes, authentication, body limits and error objects.
+
+Both protocol layers call the one `EngineService`. Every failure a client can
+cause answers with its protocol's error object (Anthropic's on /v1/messages,
+OpenAI's elsewhere) and a status; nothing answers with a traceback, and the
+server keeps serving.
+"""
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from . import anthropic, openai
+from .errors import ApiError
+from .jobs import collect
+from .service import EngineService, QueueFull, ShuttingDown
+from .settings import ServeSettings
+
+log = logging.getLogger("dflash2.serve")
+
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models", "/health", "/metrics")
+OPEN_PATHS = ("/health",)  # answered without a key: load balancers and supervisors poll it
+
+
+def create_app(service: EngineService, settings: ServeSettings) -> Starlette:
+    """The server for a started `service` (models loaded)."""
+    tokenizer = service.tokenizer
+    created = int(time.time())
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": settings.model_id, "queue_length": service.queue_length})
+
+    async def metrics(request: Request) -> Response:
+        pool = service.pool
+        text = service.metrics.render(service.queue_length, service.busy, len(pool), pool.nbytes)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    async def models(request: Request) -> Response:
+        return JSONResponse(openai.models_list(settings.model_id, created))
+
+    async def model(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name != settings.model_id:
+            raise ApiError(404, f"model '{name}' is not served here: use '{settings.model_id}'", "model")
+        return JSONResponse(openai.model_card(name, created))
+
+    async def chat_completions(request: Request) -> Response:
+        return await _openai(request, openai.parse_chat)
+
+    async def completions(request: Request) -> Response:
+        return await _openai(request, openai.parse_completion)
+
+    async def _openai(request: Request, parse) -> Response:
+        call = parse(await read_json(request, settings.max_body_bytes), tokenizer, settings)
+        job = submit(service, call.request)
+        answer = openai.Answer(call, settings.model_id)
+        if call.stream:
+            return StreamingResponse(openai.stream(job, answer), media_type="text/event-stream")
+        text, _, fin = await collect(job, request.is_disconnected)
+        if fin is None:  # the client left; nobody reads this
+            return Response(status_code=499)
+        return JSONResponse(answer.whole(text, fin))
+
+    async def messages(request: Request) -> Response:
+        call = anthropic.parse_messages(await read_json(request, settings.max_body_bytes), tokenizer, settings)
+        job = submit(service, call.request)
+        answer = anthropic.Answer(call, settings.model_id, tokenizer)
+        if call.stream:
+            return StreamingResponse(answer.stream(job), media_type="text/event-stream")
+        text, tokens, fin = await collect(job, request.is_disconnected)
+        if fin is None:
+            return Response(status_code=499)
+        return JSONResponse(answer.whole(text, tokens, fin))
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        # Uvicorn has drained the open requests by now: end the worker.
+        await asyncio.to_thread(service.stop)
+
+    app = Starlette(
+        routes=[
+            Route("/health", health), Route("/metrics", metrics),
+            Route("/v1/models", models), Route("/v1/models/{name:path}", model),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/messages", messages, methods=["POST"]),
+        ],
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error},
+        lifespan=lifespan,
+    )
+    app.add_middleware(_Guard, settings=settings, metrics=service.metrics)
+    return app
+
+
+def submit(service: EngineService, request):
+    try:
+        return service.submit(request)
+    except QueueFull:
+        raise ApiError(429, f"the queue is full ({service.max_queue} requests waiting): retry shortly") from None
+    except ShuttingDown:
+        raise ApiError(503, "the server is shutting down: retry on another instance") from None
+
+
+async def read_json(request: Request, limit: int) -> dict:
+    """The body as a JSON object: 413 past `limit` bytes, 400 when not JSON."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the body has {int(declared):,} bytes, over this server's limit of {limit:,}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, f"the body is over this server's limit of {limit:,} bytes")
+    try:
+        value = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        where = f" ({e.msg} at line {e.lineno} column {e.colno})" if isinstance(e, json.JSONDecodeError) else ""
+        raise ApiError(400, f"the body is not valid JSON{where}") from None
+    if not isinstance(value, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    return value
+
+
+def _error_response(request_path: str, error: ApiError) -> JSONResponse:
+    anthropic_route = request_path.startswith("/v1/messages")
+    body = error.anthropic_body() if anthropic_route else error.openai_body()
+    return JSONResponse(body, status_code=error.status)
+
+
+async def _api_error(request: Request, exc: ApiError) -> Response:
+    return _error_response(request.url.path, exc)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    if exc.status_code == 404:
+        message = (f"no route {request.method} {request.url.path}: this server answers "
+                   + ", ".join(ROUTES))
+    elif exc.status_code == 405:
+        message = f"{request.method} is not allowed on {request.url.path}"
+    else:
+        message = str(exc.detail)
+    return _error_response(request.url.path, ApiError(exc.status_code, message))
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("request failed")
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return _error_response(request.url.path, ApiError(500, f"internal error: {type(exc).__name__}: {first}"))
+
+
+class _Guard:
+    """Checks the API key (before any body is read, so a bad key never starts
+    a generation) and counts requests by route and status."""
+
+    def __init__(self, app, settings: ServeSettings, metrics):
+        self.app, self.settings, self.metrics = app, settings, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        route = path if path in ROUTES else ("/v1/models/{name}" if path.startswith("/v1/models/") else "other")
+        status = {}
+
+        async def counted_send(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            key = self.settings.api_key
+            if key is not None and path not in OPEN_PATHS and not _key_ok(scope, key):
+                error = ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'")
+                return await _error_response(path, error)(scope, receive, counted_send)
+            await self.app(scope, receive, counted_send)
+        finally:
+            self.metrics.count_request(route, status.get("code", 499))
+
+
+def _key_ok(scope, key: str) -> bool:
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    given = headers.get("x-api-key")
+    auth = headers.get("authorization", "")
+    if given is None and auth.lower().startswith("bearer "):
+        given = auth[7:].strip()
+    return given is not None and hmac.compare_digest(given.encode(), key.encode())

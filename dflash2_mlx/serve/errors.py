@@ -1,0 +1,39 @@
+"""The one error type the serving layers raise; each protocol formats it.
+
+A request that is wrong gets a status and one sentence saying what to fix,
+never a traceback: the protocol layer turns `ApiError` into the OpenAI or
+Anthropic error object.
+"""
+
+from typing import Optional
+
+# Status -> (OpenAI error type, Anthropic error type).
+ERROR_TYPES = {
+    400: ("invalid_request_error", "invalid_request_error"),
+    401: ("authentication_error", "authentication_error"),
+    404: ("not_found_error", "not_found_error"),
+    405: ("invalid_request_error", "invalid_request_error"),
+    413: ("invalid_request_error", "request_too_large"),
+    422: ("invalid_request_error", "invalid_request_error"),
+    429: ("rate_limit_error", "rate_limit_error"),
+    500: ("server_error", "api_error"),
+    503: ("server_error", "overloaded_error"),
+}
+
+
+class ApiError(Exception):
+    """A failed request: HTTP status, one-line message, and the field at fault."""
+
+    def __init__(self, status: int, message: str, param: Optional[str] = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+    def openai_body(self) -> dict:
+        kind = ERROR_TYPES.get(self.status, ERROR_TYPES[500])[0]
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}}
+
+    def anthropic_body(self) -> dict:
+        kind = ERROR_TYPES.get(self.status, ERROR_TYPES[500])[1]
+        return {"type": "error", "error": {"type": kind, "message": self.message}}

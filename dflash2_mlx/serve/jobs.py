@@ -1,0 +1,118 @@
+"""What a protocol layer hands the engine service, and what it gets back.
+
+The protocol layers (OpenAI, Anthropic) turn a request body into one
+`GenerationRequest` of token ids and settings; the service answers with a
+stream of events: `Started`, then `Delta`s, then one `Finished`.
+"""
+
+import asyncio
+import threading
+from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, Callable, Optional, Union
+
+from ..engine.sampling import SamplingParams
+from ..text.stats import GenerationStats
+from .errors import ApiError
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Started:
+    """The request left the queue; `cached_tokens` of the prompt come from the prompt cache."""
+
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str  # may be '' while a character is incomplete
+    token: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    finish_reason: str  # "stop", "length", or "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    eos: bool  # the answer ended with an end-of-sequence token (not a stop string)
+    stats: Optional[GenerationStats]  # None when cancelled before the end
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The engine raised; `message` is one line for the client (no traceback)."""
+
+    message: str
+    status: int = 500
+
+
+Event = Union[Started, Delta, Finished, Failed]
+
+
+class Job:
+    """One queued request. The service's worker thread posts events into the
+    asyncio loop the request came from; the request side reads them and may
+    cancel (a client that went away)."""
+
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop):
+        self.request = request
+        self._loop = loop
+        self._events: asyncio.Queue = asyncio.Queue()
+        self.cancelled = threading.Event()
+
+    def post(self, event: Event) -> None:
+        """Called from the worker thread."""
+        try:
+            self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self.cancelled.set()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    async def events(self, gone: Optional[Callable[[], Awaitable[bool]]] = None,
+                     poll_s: float = 0.25) -> AsyncIterator[Event]:
+        """Events until `Finished` or `Failed`. `gone()`, when given, is asked
+        every `poll_s` while nothing arrives; when it says the client left, the
+        job is cancelled and the iteration ends."""
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(self._events.get(), timeout=poll_s if gone else None)
+                except asyncio.TimeoutError:
+                    if await gone():
+                        self.cancel()
+                        return
+                    continue
+                yield event
+                if isinstance(event, (Finished, Failed)):
+                    return
+        finally:
+            # However the reader stops (disconnect, error, cancellation of its
+            # task), the worker stops this job at its next token; after the
+            # job finished this changes nothing.
+            self.cancelled.set()
+
+
+async def collect(job: Job, gone: Callable[[], Awaitable[bool]]) -> tuple[str, list[int], Optional[Finished]]:
+    """(text, tokens, Finished) of a whole answer; Finished is None when the
+    client left first. A failure comes back as the `Failed` event's error."""
+    pieces, tokens = [], []
+    async for event in job.events(gone):
+        if isinstance(event, Delta):
+            pieces.append(event.text)
+            tokens.append(event.token)
+        elif isinstance(event, Finished):
+            return "".join(pieces), tokens, event
+        elif isinstance(event, Failed):
+            raise ApiError(event.status, event.message)
+    return "".join(pieces), tokens, None

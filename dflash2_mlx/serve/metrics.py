@@ -1,0 +1,77 @@
+"""Server counters and their Prometheus text exposition (format 0.0.4).
+
+Written by hand: a dozen lines of text do not need a client library. The
+worker thread and the request handlers update plain integers (the GIL makes
+each update atomic); `render` reads them.
+"""
+
+from collections import Counter
+from typing import Optional
+
+from ..text.stats import GenerationStats
+
+
+class Metrics:
+    def __init__(self):
+        self.requests: Counter = Counter()  # (route, status) -> count
+        self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0
+        self.generation_tokens = 0
+        self.generations = 0
+        self.cancelled = 0
+        self.cache_hits = 0
+        self.target_passes = 0  # after prefill: verify passes (or AR steps)
+        self.committed = 0  # tokens those passes committed
+        self.drafted = 0
+        self.accepted = 0
+
+    def count_request(self, route: str, status: int) -> None:
+        self.requests[(route, status)] += 1
+
+    def record(self, prompt: int, cached: int, generated: int, stats: Optional[GenerationStats],
+               cancelled: bool) -> None:
+        self.generations += 1
+        self.prompt_tokens += prompt
+        self.cached_prompt_tokens += cached
+        self.generation_tokens += generated
+        self.cache_hits += cached > 0
+        self.cancelled += cancelled
+        if stats is not None:
+            self.target_passes += stats.target_passes
+            self.committed += round(stats.mean_acceptance_length * stats.target_passes)
+            self.drafted += stats.drafted
+            self.accepted += stats.accepted
+
+    def render(self, queue_length: int, busy: bool, cache_entries: int, cache_bytes: int) -> str:
+        tau = self.committed / self.target_passes if self.target_passes else 0.0
+        lines = []
+
+        def metric(name, kind, help_, samples):
+            lines.append(f"# HELP {name} {help_}")
+            lines.append(f"# TYPE {name} {kind}")
+            for labels, value in samples:
+                lines.append(f"{name}{labels} {value}")
+
+        metric("dflash2_requests_total", "counter", "HTTP requests by route and status.",
+               [(f'{{route="{r}",status="{s}"}}', n) for (r, s), n in sorted(self.requests.items())] or [("", 0)])
+        metric("dflash2_generations_total", "counter", "Generations run on the model.", [("", self.generations)])
+        metric("dflash2_cancelled_total", "counter", "Generations stopped because the client went away.",
+               [("", self.cancelled)])
+        metric("dflash2_prompt_tokens_total", "counter", "Prompt tokens of all generations.", [("", self.prompt_tokens)])
+        metric("dflash2_cached_prompt_tokens_total", "counter", "Prompt tokens read from the prompt cache.",
+               [("", self.cached_prompt_tokens)])
+        metric("dflash2_generation_tokens_total", "counter", "Generated tokens.", [("", self.generation_tokens)])
+        metric("dflash2_prompt_cache_hits_total", "counter", "Generations that reused cached prompt tokens.",
+               [("", self.cache_hits)])
+        metric("dflash2_target_passes_total", "counter", "Target forward passes after prefill.",
+               [("", self.target_passes)])
+        metric("dflash2_draft_tokens_total", "counter", "Draft tokens proposed.", [("", self.drafted)])
+        metric("dflash2_accepted_tokens_total", "counter", "Draft tokens the target accepted.", [("", self.accepted)])
+        metric("dflash2_mean_acceptance_length", "gauge", "Tokens committed per target pass (tau), all generations.",
+               [("", f"{tau:.4f}")])
+        metric("dflash2_queue_length", "gauge", "Requests waiting for the model.", [("", queue_length)])
+        metric("dflash2_busy", "gauge", "1 while a generation runs.", [("", int(busy))])
+        metric("dflash2_prompt_cache_entries", "gauge", "Conversations held in the prompt cache.",
+               [("", cache_entries)])
+        metric("dflash2_prompt_cache_bytes", "gauge", "Bytes held by the prompt cache.", [("", cache_bytes)])
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,224 @@
+"""The OpenAI protocol: /v1/chat/completions, /v1/completions, /v1/models.
+
+Thin: it reads a body into a `GenerationRequest`, and turns the service's
+events into the OpenAI JSON or server-sent-event chunks. Nothing here touches
+the model.
+"""
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator, Optional
+
+from ..text.generate import encode_prompt
+from .errors import ApiError
+from .fields import get, stop_list
+from .jobs import Delta, Failed, Finished, GenerationRequest, Job, Started
+from .render import ReasoningSplitter, conversation_ids, starts_thinking, think_tags
+from .sampling_fields import check_model, check_prompt_length, read_max_tokens, read_sampling
+from .settings import ServeSettings
+from .usage import speculative_usage
+
+
+@dataclass(frozen=True)
+class Call:
+    """A parsed request and how to answer it."""
+
+    request: GenerationRequest
+    chat: bool
+    stream: bool
+    include_usage: bool
+    think: tuple  # (start tag, end tag, answer starts inside the think block)
+
+
+def parse_chat(body: dict, tokenizer, settings: ServeSettings) -> Call:
+    messages = [_message(m, i) for i, m in enumerate(get(body, "messages", list, required=True))]
+    if not messages:
+        raise ApiError(400, "'messages' is empty: send at least one message", "messages")
+    tools = get(body, "tools", list)
+    kwargs = {**settings.template_kwargs, **get(body, "chat_template_kwargs", dict, {})}
+    ids, text = conversation_ids(tokenizer, messages, tools=tools, template_kwargs=kwargs)
+    start, end = think_tags(tokenizer)
+    return _call(body, ids, settings, chat=True, think=(start, end, starts_thinking(text, start, end)))
+
+
+def parse_completion(body: dict, tokenizer, settings: ServeSettings) -> Call:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        ids = list(prompt)
+    elif isinstance(prompt, str):
+        ids = encode_prompt(tokenizer, prompt) if prompt else []
+    elif prompt is None:
+        raise ApiError(400, "'prompt' is required", "prompt")
+    else:
+        raise ApiError(400, "'prompt' must be a string or an array of token ids (one prompt per request)", "prompt")
+    asked = {"echo": bool(body.get("echo")), "suffix": bool(body.get("suffix")),
+             "logprobs": body.get("logprobs") is not None, "best_of": body.get("best_of") not in (None, 1)}
+    for name, used in asked.items():
+        if used:
+            raise ApiError(422, f"'{name}' is not supported by this server", name)
+    return _call(body, ids, settings, chat=False, think=(None, None, False))
+
+
+def _call(body: dict, ids: list, settings: ServeSettings, chat: bool, think: tuple) -> Call:
+    check_model(body, settings.model_id)
+    n = get(body, "n", int, 1)
+    if n != 1:
+        raise ApiError(422, f"'n' {n} is not supported: this server returns one choice (n = 1)", "n")
+    for penalty in ("presence_penalty", "frequency_penalty"):
+        if get(body, penalty, float, 0.0) != 0.0:
+            raise ApiError(422, f"'{penalty}' is not supported (it would change the target distribution)", penalty)
+    if chat and get(body, "logprobs", bool, False):
+        raise ApiError(422, "'logprobs' is not supported by this server", "logprobs")
+    stream = get(body, "stream", bool, False)
+    options = get(body, "stream_options", dict, {}) or {}
+    include_usage = bool(get(options, "include_usage", bool, False))
+    sampling = read_sampling(body, max_temperature=2.0)
+    max_tokens = read_max_tokens(body, ("max_completion_tokens", "max_tokens"), settings.default_max_tokens)
+    check_prompt_length(ids, settings.max_prompt_tokens, "messages" if chat else "prompt")
+    stop = stop_list(body, "stop", limit=4)
+    request = GenerationRequest(tuple(ids), max_tokens, sampling, stop)
+    return Call(request, chat, stream, include_usage, think)
+
+
+def _message(m, index: int) -> dict:
+    """One chat message as the template reads it (text content only)."""
+    where = f"messages[{index}]"
+    if not isinstance(m, dict):
+        raise ApiError(400, f"'{where}' must be an object with 'role' and 'content'", where)
+    role = get(m, "role", str, required=True)
+    if role not in ("system", "developer", "user", "assistant", "tool"):
+        raise ApiError(400, f"'{where}.role' '{role}' is not one of system, developer, user, assistant, tool",
+                       f"{where}.role")
+    out = {"role": "system" if role == "developer" else role, "content": _text(m.get("content"), where)}
+    if role == "assistant" and m.get("tool_calls"):
+        out["tool_calls"] = [_tool_call(c, where) for c in get(m, "tool_calls", list)]
+    for key in ("tool_call_id", "name"):
+        if isinstance(m.get(key), str):
+            out[key] = m[key]
+    return out
+
+
+def _text(content, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ApiError(400, f"'{where}.content' may only hold text parts (this server reads text)",
+                               f"{where}.content")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise ApiError(400, f"'{where}.content' must be a string or an array of text parts", f"{where}.content")
+
+
+def _tool_call(call, where: str) -> dict:
+    # Templates expect the arguments as an object; the protocol sends a JSON string.
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        raise ApiError(400, f"'{where}.tool_calls' entries need a 'function' object", f"{where}.tool_calls")
+    fn = dict(call["function"])
+    if isinstance(fn.get("arguments"), str):
+        try:
+            fn["arguments"] = json.loads(fn["arguments"]) if fn["arguments"] else {}
+        except json.JSONDecodeError:
+            pass  # left as text: some templates print it as is
+    return {**call, "function": fn}
+
+
+# -- answers ---------------------------------------------------------------------------
+
+
+def usage(fin: Finished) -> dict:
+    return {
+        "prompt_tokens": fin.prompt_tokens,
+        "completion_tokens": fin.completion_tokens,
+        "total_tokens": fin.prompt_tokens + fin.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
+        "dflash2": speculative_usage(fin.stats),
+    }
+
+
+class Answer:
+    """Builds the response objects for one call."""
+
+    def __init__(self, call: Call, model_id: str):
+        self.call, self.model = call, model_id
+        prefix = "chatcmpl" if call.chat else "cmpl"
+        self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.splitter = ReasoningSplitter(*call.think)
+
+    def _envelope(self, chunk: bool) -> dict:
+        kind = ("chat.completion" if self.call.chat else "text_completion") + (".chunk" if chunk and self.call.chat else "")
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def whole(self, text: str, fin: Finished) -> dict:
+        if self.call.chat:
+            reasoning, content = self.splitter.feed(text)
+            r2, c2 = self.splitter.flush()
+            message = {"role": "assistant", "content": content + c2}
+            if reasoning + r2:
+                message["reasoning_content"] = reasoning + r2
+            choice = {"index": 0, "message": message, "finish_reason": fin.finish_reason, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": fin.finish_reason, "logprobs": None}
+        return {**self._envelope(False), "choices": [choice], "usage": usage(fin)}
+
+    def chunk(self, delta: Optional[dict] = None, text: str = "", finish: Optional[str] = None) -> str:
+        if self.call.chat:
+            choice = {"index": 0, "delta": delta or {}, "finish_reason": finish, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+        return sse({**self._envelope(True), "choices": [choice]})
+
+    def text_chunks(self, text: str, final: bool = False) -> list[str]:
+        if not self.call.chat:
+            return [self.chunk(text=text)] if text else []
+        reasoning, content = self.splitter.feed(text)
+        if final:
+            r2, c2 = self.splitter.flush()
+            reasoning, content = reasoning + r2, content + c2
+        out = []
+        if reasoning:
+            out.append(self.chunk({"reasoning_content": reasoning}))
+        if content:
+            out.append(self.chunk({"content": content}))
+        return out
+
+
+async def stream(job: Job, answer: Answer) -> AsyncIterator[str]:
+    """Server-sent events for one call; a disconnect cancels the task, and with
+    it the job (see `Job.events`)."""
+    async for event in job.events():
+        if isinstance(event, Started) and answer.call.chat:
+            yield answer.chunk({"role": "assistant", "content": ""})
+        elif isinstance(event, Delta):
+            for chunk in answer.text_chunks(event.text):
+                yield chunk
+        elif isinstance(event, Finished):
+            for chunk in answer.text_chunks("", final=True):
+                yield chunk
+            yield answer.chunk({}, finish=event.finish_reason)
+            if answer.call.include_usage:
+                yield sse({**answer._envelope(True), "choices": [], "usage": usage(event)})
+        elif isinstance(event, Failed):
+            yield sse(ApiError(event.status, event.message).openai_body())
+    yield "data: [DONE]\n\n"
+
+
+def sse(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def models_list(model_id: str, created: int) -> dict:
+    return {"object": "list", "data": [model_card(model_id, created)]}
+
+
+def model_card(model_id: str, created: int) -> dict:
+    return {"id": model_id, "object": "model", "created": created, "owned_by": "dflash2-mlx"}

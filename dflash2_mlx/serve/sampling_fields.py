@@ -1,0 +1,46 @@
+"""Sampling fields shared by the OpenAI and Anthropic bodies."""
+
+from ..engine.sampling import SamplingParams
+from .errors import ApiError
+from .fields import check_range, get
+
+
+def read_sampling(body: dict, max_temperature: float) -> SamplingParams:
+    """Temperature 0 (greedy) unless asked, as `dflash2 generate`; 422 outside the ranges."""
+    temperature = get(body, "temperature", float, 0.0)
+    top_p = get(body, "top_p", float, 1.0)
+    top_k = get(body, "top_k", int, 0)
+    min_p = get(body, "min_p", float, 0.0)
+    seed = get(body, "seed", int)
+    check_range("temperature", temperature, 0.0, max_temperature)
+    check_range("top_p", top_p, 0.0, 1.0, low_open=True)
+    if top_k == -1:  # vLLM's spelling of "off"
+        top_k = 0
+    check_range("top_k", top_k, 0)
+    check_range("min_p", min_p, 0.0, 1.0)
+    return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
+
+
+def read_max_tokens(body: dict, keys: tuple[str, ...], default: int, required: bool = False) -> int:
+    for key in keys:
+        value = get(body, key, int)
+        if value is not None:
+            check_range(key, value, 1)
+            return value
+    if required:
+        raise ApiError(400, f"'{keys[0]}' is required", keys[0])
+    return default
+
+
+def check_model(body: dict, model_id: str) -> None:
+    model = get(body, "model", str)
+    if model is not None and model != model_id:
+        raise ApiError(404, f"model '{model}' is not served here: use '{model_id}' (see GET /v1/models)", "model")
+
+
+def check_prompt_length(ids: list, limit: int, param: str) -> None:
+    if len(ids) > limit:
+        raise ApiError(400, f"the prompt has {len(ids)} tokens, over this server's limit of {limit} "
+                            "(--max-prompt-tokens): shorten it", param)
+    if not ids:
+        raise ApiError(400, "the prompt is empty", param)

@@ -1,0 +1,196 @@
+"""The engine service: one generation at a time on the model, a FIFO queue for the rest.
+
+A single worker thread owns the model. It also loads it, because MLX streams
+belong to the thread that made them (running a model loaded on another thread
+fails with "There is no Stream(cpu, 0) in current thread"). Requests wait in a
+FIFO queue bounded by `max_queue`; beyond it `submit` raises `QueueFull`.
+Between tokens the worker checks whether the client went away, so a cancelled
+request stops within one decode cycle, and `stream_generate`'s own clean-up
+rewinds the caches to the tokens it returned, which keeps them reusable.
+"""
+
+import asyncio
+import logging
+import queue
+import threading
+from typing import Callable, Optional, Union
+
+import mlx.core as mx
+
+from ..engine.decode import DecodeCache
+from ..engine.pair import Pair
+from ..errors import DFlashError
+from ..text.generate import stream_generate
+from .cache_pool import PromptCachePool
+from .jobs import Delta, Failed, Finished, GenerationRequest, Job, Started
+from .metrics import Metrics
+
+log = logging.getLogger("dflash2.serve")
+
+
+class QueueFull(Exception):
+    """More requests are waiting than the queue allows."""
+
+
+class ShuttingDown(Exception):
+    """The server is draining: it takes no new requests."""
+
+
+class EngineService:
+    def __init__(
+        self,
+        load: Callable[[], tuple[Pair, object]],
+        *,
+        max_queue: int = 64,
+        cache_bytes: int = 0,
+        block_size: Union[int, str, None] = None,
+        calibration=None,
+        prefill_step_size: int = 2048,
+        metrics: Optional[Metrics] = None,
+    ):
+        self._load = load
+        self.max_queue = max_queue
+        self.cache_bytes = cache_bytes
+        self.block_size = block_size
+        self.calibration = calibration  # for block_size "auto" (measured per request when None)
+        self.prefill_step_size = prefill_step_size
+        self.metrics = metrics or Metrics()
+        self.pair: Optional[Pair] = None
+        self.tokenizer = None
+        self.pool: Optional[PromptCachePool] = None
+        self._queue: "queue.Queue[Optional[Job]]" = queue.Queue()
+        self._lock = threading.Lock()
+        self._outstanding = 0  # submitted and not yet finished: the running one and the queue
+        self._busy = False
+        self._stopping = False
+        self._ready = threading.Event()
+        self._load_error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._main, name="dflash2-engine", daemon=True)
+
+    # -- life cycle (caller's thread) ---------------------------------------------------
+    def start(self) -> tuple[Pair, object]:
+        """Start the worker and wait until `load()` has returned (pair, tokenizer)
+        on it, re-raising the loader's error (e.g. a `DFlashError` naming a bad path)."""
+        self._thread.start()
+        self._ready.wait()
+        if self._load_error is not None:
+            self._thread.join()
+            raise self._load_error
+        return self.pair, self.tokenizer
+
+    def stop(self) -> None:
+        """Finish the running and queued requests, then end the worker."""
+        with self._lock:
+            self._stopping = True
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+    # -- requests (event-loop thread) -------------------------------------------------
+    def submit(self, request: GenerationRequest) -> Job:
+        job = Job(request, asyncio.get_running_loop())
+        with self._lock:
+            if self._stopping:
+                raise ShuttingDown()
+            if self._outstanding >= self.max_queue + 1:  # one running, max_queue waiting
+                raise QueueFull()
+            self._outstanding += 1
+        self._queue.put(job)
+        return job
+
+    @property
+    def queue_length(self) -> int:
+        """Requests waiting for the model (the running one not counted)."""
+        return max(0, self._outstanding - int(self._busy))
+
+    @property
+    def busy(self) -> bool:
+        return self._busy
+
+    # -- the worker thread ------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            try:
+                self.pair, self.tokenizer = self._load()
+                self.pool = PromptCachePool(self.cache_bytes, self._new_cache)
+            except BaseException as e:  # handed to start(), which re-raises it
+                self._load_error = e
+                return
+            finally:
+                self._ready.set()
+            while True:
+                job = self._queue.get()
+                if job is None:
+                    return
+                self._busy = True
+                try:
+                    self._run(job)
+                finally:
+                    self._busy = False
+                    with self._lock:
+                        self._outstanding -= 1
+        finally:
+            # MLX keeps per-thread streams; without this the process aborts at
+            # exit ("terminate called without an active exception").
+            mx.synchronize()
+            mx.clear_streams()
+
+    def _new_cache(self) -> DecodeCache:
+        pair = self.pair
+        return DecodeCache(pair.target.make_cache(), pair.drafter.make_cache() if pair.drafter is not None else None)
+
+    def _run(self, job: Job) -> None:
+        request, tokenizer = job.request, self.tokenizer
+        if job.cancelled.is_set():  # the client left while the request waited
+            self.metrics.cancelled += 1
+            return
+        ids = list(request.prompt_ids)
+        cache, reused = self.pool.take(ids)
+        # The cache holds every reused token but the last, which is fed again.
+        prompt = ids[reused - 1:] if reused else ids
+        cached = len(ids) - len(prompt)
+        job.post(Started(len(ids), cached))
+        responses = stream_generate(
+            self.pair, tokenizer, prompt, max_tokens=request.max_tokens, sampling=request.sampling,
+            block_size=self.block_size, calibration=self.calibration, stop=request.stop,
+            prefill_step_size=self.prefill_step_size,
+            prompt_cache=cache,
+        )
+        n, last, cancelled = 0, None, False
+        try:
+            for r in responses:
+                if job.cancelled.is_set():
+                    cancelled = True
+                    break
+                n, last = n + 1, r
+                job.post(Delta(r.text, r.token))
+        except DFlashError as e:
+            job.post(Failed(str(e), 400))
+            return
+        except Exception as e:  # a bug: logged here, one line to the client
+            log.exception("generation failed")
+            job.post(Failed(f"internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+            return
+        finally:
+            responses.close()  # rewinds the caches to the tokens returned
+        if _at_rest(cache):
+            self.pool.put(cache)
+        eos = last is not None and last.token in set(getattr(tokenizer, "eos_token_ids", None) or [])
+        stats = None if cancelled or last is None else last.stats
+        finish = "cancelled" if cancelled else (last.finish_reason or "length")
+        self.metrics.record(len(ids), cached, n, stats, cancelled)
+        job.post(Finished(finish, len(ids), n, cached, eos, stats))
+
+
+def _at_rest(cache: DecodeCache) -> bool:
+    """Both caches hold every committed token but the last (the invariant a
+    continuing request relies on); anything else is dropped, not reused."""
+    if cache.stale or not cache.tokens:
+        return False
+    want = len(cache.tokens) - 1
+    for layers in (cache.target, cache.drafter):
+        for c in layers or []:
+            offset = getattr(c, "offset", want)
+            if offset != want:
+                return False
+    return True

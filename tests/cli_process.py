@@ -1,0 +1,132 @@
+"""The installed `dflash2` command run as a real process: real exit status,
+real stderr, real signals, and a check that it touched no file but its own.
+
+Each start costs about a second of imports, so tests that need many cases run
+them in-process through the `cli` fixture and keep one process per behaviour.
+"""
+
+import hashlib
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def dflash2_exe() -> str:
+    exe = shutil.which("dflash2", path=os.path.dirname(sys.executable)) or shutil.which("dflash2")
+    assert exe, "the dflash2 entry point is not installed"
+    return exe
+
+
+@dataclass
+class Result:
+    code: int
+    out: bytes
+    err: str
+
+    @property
+    def err_lines(self) -> list[str]:
+        return self.err.splitlines()
+
+    def one_error_line(self) -> str:
+        """The single stderr line of a clean failure (asserts the shape)."""
+        assert self.code != 0, (self.code, self.err)
+        assert len(self.err_lines) == 1, self.err
+        line = self.err_lines[0]
+        assert line.startswith("error: ") and "internal error" not in line and "Traceback" not in self.err, line
+        return line
+
+
+def snapshot(*roots: Path) -> dict:
+    """path -> sha256 (or 'dir') of everything under `roots`."""
+    out = {}
+    for root in roots:
+        for p in sorted(Path(root).rglob("*")):
+            out[str(p)] = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def changed(before: dict, after: dict) -> set:
+    return {p for p in set(before) | set(after) if before.get(p) != after.get(p)}
+
+
+class Sandbox:
+    """A working folder (also HOME and the caches) plus folders that must not change."""
+
+    def __init__(self, root: Path, *watched: Path):
+        self.root = Path(root)
+        self.home = self.root / "home"
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.watched = [self.root, *map(Path, watched)]
+        self.env = {**os.environ, "HOME": str(self.home), "XDG_CACHE_HOME": str(self.home / ".cache"),
+                    "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "COLUMNS": "100"}
+        self.before = snapshot(*self.watched)
+
+    def remember(self) -> None:
+        """Take the current files as the ones that must not change."""
+        self.before = snapshot(*self.watched)
+
+    def touched(self) -> set:
+        """Paths created, changed or deleted since the sandbox was made."""
+        return changed(self.before, snapshot(*self.watched))
+
+    def start(self, args, stdin=subprocess.DEVNULL, close_stdin=False, preexec=None) -> subprocess.Popen:
+        def before_exec():
+            if close_stdin:
+                os.close(0)
+            if preexec:
+                preexec()
+
+        return subprocess.Popen([dflash2_exe(), *map(os.fsencode, map(str_or_bytes, args))], stdin=stdin,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=self.root, env=self.env,
+                                preexec_fn=before_exec)
+
+    def run(self, args, input: bytes = None, **kw) -> Result:
+        p = self.start(args, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL, **kw)
+        out, err = p.communicate(input, timeout=180)
+        return Result(p.returncode, out, err.decode(errors="replace"))
+
+    def interrupt(self, args, wait, signum=signal.SIGINT) -> Result:
+        """Start `args`, call `wait(proc)` (returns stdout bytes read so far), send `signum`."""
+        p = self.start(args)
+        early = wait(p)
+        if p.poll() is None:
+            p.send_signal(signum)
+        out, err = p.communicate(timeout=180)
+        return Result(p.returncode, early + out, err.decode(errors="replace"))
+
+
+def str_or_bytes(a):
+    return a if isinstance(a, bytes) else str(a)
+
+
+def catching_sigint(proc, extra: float = 0.0) -> bytes:
+    """Wait until the interpreter has installed its SIGINT handler (before that a
+    Ctrl-C kills any program, Python or not), then `extra` seconds more."""
+    if not sys.platform.startswith("linux"):  # no /proc: the interpreter starts within this
+        time.sleep(0.3 + extra)
+        return b""
+    status = Path(f"/proc/{proc.pid}/status")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            caught = next(line for line in status.read_text().splitlines() if line.startswith("SigCgt:"))
+        except (OSError, StopIteration):
+            caught = "SigCgt: 0"
+        if int(caught.split()[1], 16) & (1 << (signal.SIGINT - 1)):
+            break
+        time.sleep(0.005)
+    time.sleep(extra)
+    return b""
+
+
+def first_output(proc, timeout: float = 120) -> bytes:
+    """Wait for the first bytes on stdout (the command is past start-up) and return them."""
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, "no output before the timeout"
+    return os.read(proc.stdout.fileno(), 65536)

@@ -1,0 +1,67 @@
+"""A real `dflash2 serve` subprocess on a free loopback port, for the server tests."""
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`dflash2 serve ARGS` on a port chosen now; `stop()` sends SIGTERM and
+    returns (exit code, stderr)."""
+
+    def __init__(self, *args: str, tmp: Path, wait: bool = True):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(tmp / f"serve-{self.port}.log", "w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dflash2_mlx.cli", "serve", "--port", str(self.port), *args],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"dflash2 serve exited with {self.proc.returncode}: {self.output()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.proc.kill()
+        raise RuntimeError(f"dflash2 serve did not answer /health in {timeout:.0f} s: {self.output()}")
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def metric(self, name: str, headers=None) -> float:
+        text = httpx.get(self.url + "/metrics", headers=headers or {}, timeout=10).text
+        for line in text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+        raise KeyError(name)
+
+    def stop(self) -> tuple[int, str]:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode, self.output()
