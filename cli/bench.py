@@ -86,7 +86,7 @@ def bench(
         if draft_quant:
             quantize_drafter(second.drafter, DraftQuant.parse(draft_quant))
         pairs.append(second)
-    for B in sizes or []:  # an explicit size no drafter can draft is refused, in the pair's words
+    for B in [B for B in sizes or [] if B != "auto"]:  # a size no drafter can draft is refused, in the pair's words
         refusals = [_refusal(p, B) for p in pairs]
         if refusals and all(refusals):
             raise refusals[0]
