@@ -9,7 +9,7 @@ drafter cache before the next draft, in one batch, and the caches stay level:
 target cache = committed tokens - 1 = drafter cache + pending rows.
 """
 
-from typing import Callable, Generator, Optional
+from typing import Callable, Generator
 
 import mlx.core as mx
 
