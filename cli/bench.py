@@ -24,6 +24,7 @@ def bench(
     max_tokens: o.MaxTokens = 128,
     block_sizes: o.BlockSizes = None,
     tree: o.TreeSweep = None,
+    recalibrate: o.Recalibrate = False,
     repeats: o.Repeats = 3,
     temp: o.Temp = 0.0,
     top_p: o.TopP = 1.0,
@@ -87,19 +88,22 @@ def bench(
         if draft_quant:
             quantize_drafter(second.drafter, DraftQuant.parse(draft_quant))
         pairs.append(second)
-    for B in sizes or []:  # an explicit size no drafter can draft is refused, in the pair's words
+    for B in [B for B in sizes or [] if B != "auto"]:  # a size no drafter can draft is refused, in the pair's words
         refusals = [_refusal(p, B) for p in pairs]
         if refusals and all(refusals):
             raise refusals[0]
     if sizes is None:
         top = max((p.max_block_size for p in pairs), default=16)
-        sizes = [B for B in (4, 8, 16) if B <= top] or [top]
+        sizes = ["auto"] + ([B for B in (4, 8, 16) if B <= top] or [top])
     ar_draft = _load_ar_draft(draft_model, target) if draft_model else None
     ids = [(p, build_prompt(tokenizer, p.text, system_prompt, not ignore_chat_template, template_kwargs))
            for p in chosen]
+    calibrations = [o.block_plan(p, "auto", ids[0][1], max_tokens, recalibrate)[1] if "auto" in sizes else None
+                    for p in pairs]
     with ui.RunProgress(enabled=ui.err_console.is_terminal) as progress:
-        record = run_bench(target, tokenizer, ids, pairs=pairs, draft_model=ar_draft, block_sizes=sizes,
-                           tree_rows=trees, repeats=repeats, max_tokens=max_tokens, sampling=sampling, on_run=progress.update)
+        record = run_bench(target, tokenizer, ids, pairs=pairs, calibrations=calibrations, draft_model=ar_draft,
+                           block_sizes=sizes, tree_rows=trees,
+                           repeats=repeats, max_tokens=max_tokens, sampling=sampling, on_run=progress.update)
     record["models"] = {"target": model, "drafter": drafter, "dflash_drafter": dflash_drafter,
                         "draft_model": draft_model, "draft_quant": draft_quant}
     # The results are printed even when a file cannot be written at the end
@@ -123,14 +127,17 @@ def _refusal(pair, B: int):
     return None
 
 
-def _parse_sizes(raw: str) -> list[int]:
+def _parse_sizes(raw: str) -> list:
+    words = [x.strip().lower() for x in raw.split(",") if x.strip()]
+    auto = ["auto"] if "auto" in words else []
     try:
-        sizes = sorted({int(x) for x in raw.split(",") if x.strip()})
+        sizes = sorted({int(x) for x in words if x != "auto"})
     except ValueError:
-        raise DFlashError(f"--block-sizes '{raw}' must be integers separated by commas, e.g. 2,4,8,16") from None
-    if not sizes or sizes[0] < 2:
+        raise DFlashError(f"--block-sizes '{raw}' must be 'auto' and/or integers separated by commas, "
+                          "e.g. auto,2,4,8,16") from None
+    if not (auto or sizes) or (sizes and sizes[0] < 2):
         raise DFlashError(f"--block-sizes '{raw}': every block size must be 2 or more")
-    return sizes
+    return auto + sizes
 
 
 def _load_ar_draft(ref: str, target):

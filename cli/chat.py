@@ -21,7 +21,8 @@ def chat(
     top_k: o.TopK = 0,
     min_p: o.MinP = 0.0,
     seed: o.Seed = None,
-    block_size: o.BlockSize = None,
+    block_size: o.BlockSize = "auto",
+    recalibrate: o.Recalibrate = False,
     tree: o.Tree = 0,
     draft_quant: o.DraftQuant = None,
     system_prompt: o.SystemPrompt = None,
@@ -55,24 +56,27 @@ def chat(
     from dflash2_mlx.device import backend_name
     from dflash2_mlx.loading.load_pair import load_pair
     from dflash2_mlx.text.chat_session import ChatSession
+    from dflash2_mlx.text.prompt import build_prompt
+    from dflash2_mlx.tools.suites import SUITES
     from dflash2_mlx.text.stats import mode_name
 
     ui.progress_note("loading models…")
     pair, tokenizer = load_pair(model, drafter, draft_quant,
                                 group=rank.group if rank else None, time_collectives=time_collectives)
-    if pair.drafter is None:
-        block_size = None
-    else:
-        pair.block_size(block_size, "--block-size")
+    # No conversation yet: a measurement (first use on this machine only) reads a built-in prompt.
+    probe = build_prompt(tokenizer, SUITES["code"][0])
+    block_size, calibration = o.block_plan(pair, o.parse_block_size(block_size), probe, max_tokens, recalibrate,
+                                           ranks=rank is not None, tree=tree)
     session = ChatSession(
         pair, tokenizer, system_prompt=system_prompt, use_chat_template=not ignore_chat_template,
         template_kwargs=template_kwargs, max_tokens=max_tokens, sampling=sampling, block_size=block_size,
-        tree_rows=tree,
+        calibration=calibration, tree_rows=tree,
     )
     view = ui.ChatView(color=color)
     rows = [("model", model)]
     if pair.drafter is not None:
-        shape = f"tree {tree} rows" if tree else f"block {pair.block_size(block_size)}"
+        shown = f"auto ≤ {pair.max_block_size}" if block_size == "auto" else block_size
+        shape = f"tree {tree} rows" if tree else f"block {shown}"
         rows.append(("drafter", f"{drafter} ({mode_name(pair.kind)}, {shape})"))
     else:
         rows.append(("decoding", "plain autoregressive (--ar)"))

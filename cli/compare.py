@@ -20,7 +20,8 @@ def compare(
     top_k: o.TopK = 0,
     min_p: o.MinP = 0.0,
     seed: o.Seed = 0,
-    block_size: o.BlockSize = None,
+    block_size: o.BlockSize = "auto",
+    recalibrate: o.Recalibrate = False,
     tree: o.Tree = 0,
     draft_quant: o.DraftQuant = None,
     system_prompt: o.SystemPrompt = None,
@@ -53,6 +54,7 @@ def compare(
     if save is not None:
         check_writable(save, "--save")
     drafter = o.drafter_for(model, drafter, instead="run `dflash2 generate --ar` for plain decoding alone")
+    block_size = o.parse_block_size(block_size)
     if prompt is None:
         from dflash2_mlx.tools.suites import SUITES
 
@@ -66,8 +68,9 @@ def compare(
     from dflash2_mlx.tools.compare import compare as run_compare
 
     pair, tokenizer = load_pair(model, drafter, draft_quant)
-    pair.block_size(block_size, "--block-size")  # refuse a block size this drafter cannot draft before any work
     ids = build_prompt(tokenizer, text, system_prompt, not ignore_chat_template, template_kwargs)
+    # Refuses a block size this drafter cannot draft before any work; auto reads (or measures) the costs.
+    block_size, calibration = o.block_plan(pair, block_size, ids, max_tokens, recalibrate, tree=tree)
     quiet = json_output
 
     def on_arm(phase, arm, repeat):
@@ -77,7 +80,8 @@ def compare(
             ui.status(f"{what}: {name}")
 
     result = run_compare(pair, tokenizer, ids, max_tokens=max_tokens, sampling=sampling,
-                         block_size=block_size, repeats=repeats, on_arm=on_arm, tree_rows=tree)
+                         block_size=block_size, calibration=calibration, repeats=repeats, on_arm=on_arm,
+                         tree_rows=tree)
     record = result.to_dict()
     record["prompt"] = text
     failed = None  # a --save that fails at the end (disk full) still shows the results first

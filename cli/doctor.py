@@ -13,7 +13,8 @@ def doctor(
     model: o.Model = "builtin",
     drafter: o.Drafter = None,
     draft_quant: o.DraftQuant = None,
-    block_size: o.BlockSize = None,
+    block_size: o.BlockSize = "auto",
+    recalibrate: o.Recalibrate = False,
     context: o.Context = 8192,
     min_acceptance: o.MinAcceptance = 0.2,
     self_test: o.SelfTest = True,
@@ -23,7 +24,9 @@ def doctor(
 ):
     """Check MLX and its kernels, estimate memory before loading (target and drafter
     weights, KV caches for --context tokens), flag quantization pitfalls, run every
-    target/drafter compatibility check, and a short greedy acceptance self-test.
+    target/drafter compatibility check, a short greedy acceptance self-test, and
+    the decode costs --block-size auto decides with (measured once per machine
+    and pair, cached; --recalibrate measures them again).
 
     Exits non-zero, saying why, when anything fails, including a pair whose
     first drafted token is accepted less often than --min-acceptance.
@@ -40,13 +43,16 @@ def doctor(
         raise DFlashError(f"--min-acceptance {min_acceptance} must be between 0 and 1")
     if max_tokens < 2:
         raise DFlashError(f"--max-tokens {max_tokens} must be at least 2 for the self-test")
+    block_size = o.parse_block_size(block_size)
     if drafter is None and model != "builtin":  # the built-in drafter fits only the built-in target
         drafter = None
     else:
         drafter = drafter or "builtin"
     sections = []
-    for section in run_doctor(model, drafter, draft_quant=draft_quant, block_size=block_size, context=context,
-                              min_acceptance=min_acceptance, run_self_test=self_test, max_tokens=max_tokens):
+    for section in run_doctor(model, drafter, draft_quant=draft_quant,
+                              block_size=None if block_size == "auto" else block_size, context=context,
+                              min_acceptance=min_acceptance, run_self_test=self_test, max_tokens=max_tokens,
+                              calibration_folder=o.cache_folder(), recalibrate=recalibrate):
         sections.append(section)
         if not json_output:
             ui.console.print(ui.doctor_section(section))

@@ -3,8 +3,8 @@
 import json
 
 from . import distributed
+from . import closing
 from . import options as o
-from . import ui
 from .stdio import write_whole
 
 
@@ -18,7 +18,8 @@ def generate(
     top_k: o.TopK = 0,
     min_p: o.MinP = 0.0,
     seed: o.Seed = None,
-    block_size: o.BlockSize = None,
+    block_size: o.BlockSize = "auto",
+    recalibrate: o.Recalibrate = False,
     tree: o.Tree = 0,
     draft_quant: o.DraftQuant = None,
     system_prompt: o.SystemPrompt = None,
@@ -41,7 +42,8 @@ def generate(
     sampling = o.sampling_params(temp, top_p, top_k, min_p, seed)
     o.check_max_tokens(max_tokens)
     o.check_tree(tree)
-    if ar and (block_size is not None or draft_quant or tree):
+    block_size = o.parse_block_size(block_size)
+    if ar and (block_size != "auto" or draft_quant or tree):
         import warnings
 
         warnings.warn("--block-size, --tree and --draft-quant do nothing with --ar (no drafter is used)")
@@ -62,12 +64,15 @@ def generate(
     if rank is not None:
         rank.watch(pair.target)
     if model == "builtin" and not json_output:
+        from . import ui  # Rich: only for this notice (the stream and closing lines are plain stdout)
+
         ui.status(ui.builtin_notice(pair.target))
-    block_size = pair.block_size(block_size, "--block-size") if pair.drafter is not None else None
     ids = build_prompt(tokenizer, text, system_prompt, not ignore_chat_template, template_kwargs)
+    block_size, calibration = o.block_plan(pair, block_size, ids, max_tokens, recalibrate,
+                                           ranks=rank is not None, tree=0 if ar else tree)
     responses = stream_generate(
         pair, tokenizer, ids, max_tokens=max_tokens, sampling=sampling, block_size=block_size,
-        tree_rows=0 if ar else tree,
+        calibration=calibration, tree_rows=0 if ar else tree,
     )
     tokens, from_draft, pieces, last = [], [], [], None
     for r in responses:
@@ -75,7 +80,7 @@ def generate(
         from_draft.append(r.from_draft)
         pieces.append(r.text)
         if not json_output:
-            ui.stream_text(r.text)
+            closing.stream_text(r.text)
         last = r
     if json_output:
         record = {
@@ -84,5 +89,5 @@ def generate(
         }
         write_whole(json.dumps(record) + "\n")  # a Ctrl-C leaves all of it or nothing
     else:
-        ui.print_closing(last.stats)
+        closing.print_closing(last.stats)
 

@@ -1,38 +1,47 @@
-"""The `dflash2` command line."""
+"""The `dflash2` command line.
+
+Commands are imported only when they run: `dflash2 generate` should not wait
+for the trainer, the benchmark tools or Rich's live views (mlx-lm alone costs
+about a second of imports, and only the commands that load a model pay it,
+after their arguments parsed). The full list is built for `dflash2 --help` and
+when no command is named.
+"""
 
 import sys
+from importlib import import_module
 from typing import Annotated
 
 import typer
 
-from .bench import bench
-from .chat import chat
-from .compare import compare
-from .doctor import doctor
 from .errors import run_guarded
-from .generate import generate
-from .quantize import quantize
-from .serve import serve
-from .train import train
-from .analyze import analyze
 
-app = typer.Typer(
-    name="dflash2",
-    help="Lossless DFlash 2 speculative decoding on MLX.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-)
-app.command()(generate)
-app.command()(quantize)
-app.command()(train)
-app.command()(chat)
-app.command()(compare)
-app.command()(bench)
-app.command()(doctor)
-app.command()(analyze)
-app.command()(serve)
+# Command name -> module under cli/ that defines the function of that name.
+COMMANDS = ("generate", "quantize", "train", "chat", "compare", "bench", "doctor", "analyze", "serve")
+
+
+def build_app(only=None) -> typer.Typer:
+    """The Typer app with every command, or only `only` (the one about to run)."""
+    app = typer.Typer(
+        name="dflash2",
+        help="Lossless DFlash 2 speculative decoding on MLX.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+    )
+    for name in COMMANDS if only is None else [only]:
+        app.command()(getattr(import_module(f".{name}", __package__), name))
+
+    # A callback keeps the app a group, so the command name stays an argument
+    # even when only one command is registered.
+    @app.callback()
+    def _root(
+        version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_show_version,
+                                              help="Print the version (and MLX's, mlx-lm's) and exit.")] = False,
+    ):
+        """Lossless DFlash 2 speculative decoding on MLX."""
+
+    return app
 
 
 def _show_version(value: bool) -> None:
@@ -49,16 +58,21 @@ def _show_version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
-def _root(
-    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_show_version,
-                                          help="Print the version (and MLX's, mlx-lm's) and exit.")] = False,
-):
-    """Lossless DFlash 2 speculative decoding on MLX."""
+def _command_in(argv) -> str | None:
+    args = sys.argv[1:] if argv is None else list(argv)
+    first = next((a for a in args if not a.startswith("-")), None)
+    return first if first in COMMANDS else None
 
 
 def main(argv=None) -> None:
-    sys.exit(run_guarded(app, argv))
+    sys.exit(run_guarded(build_app(_command_in(argv)), argv))
+
+
+def __getattr__(name):
+    # `app` for callers that want the whole command line (docs, completion).
+    if name == "app":
+        return build_app()
+    raise AttributeError(name)
 
 
 if __name__ == "__main__":

@@ -29,10 +29,16 @@ TopK = Annotated[int, typer.Option("--top-k", help="Sample among the k most like
 MinP = Annotated[float, typer.Option("--min-p", help="Drop tokens below min-p × the top probability (0 = off).")]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="PRNG seed for reproducible sampling.")]
 BlockSize = Annotated[
-    Optional[int],
+    str,
     typer.Option("--block-size",
-                 help="Tokens per verify block, anchor included (2..checkpoint block_size; "
-                      "default: the checkpoint's). vLLM's num_speculative_tokens is this minus one."),
+                 help="Tokens per verify block, anchor included: 'auto' (default) picks it every cycle from this "
+                      "machine's measured costs (measured once, cached; `dflash2 doctor` shows them) and the "
+                      "acceptance seen so far, decoding plainly where no block size pays; or a fixed size, "
+                      "2..checkpoint block_size. vLLM's num_speculative_tokens is a fixed size minus one."),
+]
+Recalibrate = Annotated[
+    bool, typer.Option("--recalibrate", help="Measure this machine's cycle costs for --block-size auto again "
+                                            "instead of reading the cached ones."),
 ]
 Tree = Annotated[
     int,
@@ -80,7 +86,8 @@ ArDraftModel = Annotated[
                       "mlx-lm's own speculative decoding to the benchmark. DFlash drafters go in --drafter."),
 ]
 BlockSizes = Annotated[
-    Optional[str], typer.Option("--block-sizes", help="Block sizes to sweep, e.g. 2,4,8,16 (default: 4,8,16 up to the drafter's)."),
+    Optional[str], typer.Option("--block-sizes", help="Block sizes to sweep, 'auto' and/or fixed sizes, e.g. auto,2,4,8,16 "
+                                                       "(default: auto,4,8,16 up to the drafter's)."),
 ]
 TreeSweep = Annotated[
     Optional[str],
@@ -210,3 +217,55 @@ TimeCollectives = Annotated[
     typer.Option("--time-collectives/--no-time-collectives",
                  help="With ranks: time each collective for the stats (syncs at every all_sum)."),
 ]
+
+
+def parse_block_size(raw: Optional[str]):
+    """--block-size as the library takes it: "auto" or an int (range checked by the pair)."""
+    from dflash2_mlx.errors import DFlashError
+
+    if raw is None or raw.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(raw)
+    except ValueError:
+        raise DFlashError(f"--block-size '{raw}' must be 'auto' or a whole number of tokens, e.g. 4") from None
+
+
+def cache_folder() -> Path:
+    """Where calibrations are kept: the platform's user cache folder, then dflash2-mlx."""
+    import os
+    import sys
+
+    if sys.platform == "darwin":
+        base = Path.home() / "Library" / "Caches"
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "dflash2-mlx"
+
+
+def block_plan(pair, block_size, prompt_ids, max_tokens: int, recalibrate: bool = False,
+               ranks: bool = False, tree: int = 0):
+    """(block size, calibration) to pass to `stream_generate` for the parsed --block-size.
+
+    "auto" reads this machine's cached calibration, measuring it first (a few
+    seconds, once per machine and pair) when there is none. Ranks of a split
+    target decode with the drafter's fixed block: auto decides from each
+    rank's own clock, and ranks that decided differently would wait forever on
+    each other's collectives. A tree (`tree` rows) drafts the fixed block too.
+    """
+    if pair.drafter is None:
+        return None, None
+    if block_size != "auto":
+        return pair.block_size(block_size, "--block-size"), None
+    if ranks:
+        return pair.block_size(None), None
+    if (max_tokens <= 1 or tree) and not recalibrate:
+        return "auto", None  # no cycle will run, or none that auto decides
+    from dflash2_mlx.engine.calibrate import calibration_path, load_or_calibrate
+
+    from . import ui
+
+    folder = cache_folder()
+    if recalibrate or not calibration_path(pair, folder).exists():
+        ui.progress_note("measuring this machine's decode costs for --block-size auto (once per pair)…")
+    return "auto", load_or_calibrate(pair, folder, prompt_ids, recalibrate)

@@ -40,7 +40,8 @@ def serve(
     port: Port = 8080,
     api_key: ApiKey = None,
     allow_unauthenticated: AllowUnauthenticated = False,
-    block_size: o.BlockSize = None,
+    block_size: o.BlockSize = "auto",
+    recalibrate: o.Recalibrate = False,
     tree: o.Tree = 0,
     draft_quant: o.DraftQuant = None,
     max_prompt_tokens: MaxPromptTokens = 32768,
@@ -61,7 +62,8 @@ def serve(
     o.check_tree(tree)
     if max_prompt_tokens < 1:
         raise DFlashError(f"--max-prompt-tokens {max_prompt_tokens} must be at least 1")
-    if ar and (block_size is not None or draft_quant or tree):
+    block_size = o.parse_block_size(block_size)
+    if ar and (block_size != "auto" or draft_quant or tree):
         import warnings
 
         warnings.warn("--block-size, --tree and --draft-quant do nothing with --ar (no drafter is used)")
@@ -83,11 +85,15 @@ def serve(
 
     def load():  # runs on the engine's thread (MLX streams are per thread)
         pair, tokenizer = load_pair(model, drafter, draft_quant)
-        pair.block_size(block_size, "--block-size")  # a bad value fails here, not per request
+        # A bad value fails here, not per request; auto reads (or measures once) this machine's costs.
+        from dflash2_mlx.text.prompt import build_prompt
+        from dflash2_mlx.tools.suites import SUITES
+
+        service.block_size, service.calibration = o.block_plan(
+            pair, block_size, build_prompt(tokenizer, SUITES["code"][0]), max_tokens, recalibrate, tree=0 if ar else tree)
         return pair, tokenizer
 
-    service = EngineService(load, max_queue=max_queue, cache_bytes=limit, block_size=block_size,
-                            tree_rows=0 if ar else tree)
+    service = EngineService(load, max_queue=max_queue, cache_bytes=limit, tree_rows=0 if ar else tree)
     print("loading models…", file=sys.stderr)
     pair, _ = service.start()
     settings = ServeSettings(model_id=model, api_key=api_key, max_prompt_tokens=max_prompt_tokens,

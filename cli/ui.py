@@ -14,47 +14,12 @@ from rich.console import Console
 
 from dflash2_mlx.text.modes import mode_name, short_mode_name
 
+from .closing import block_label, block_lines, closing_lines, print_closing, stream_text  # noqa: F401  (re-exported)
+
 if TYPE_CHECKING:  # the library loads MLX: not needed to draw
     from dflash2_mlx.text.stats import GenerationStats
 
 err_console = Console(stderr=True, highlight=False)
-
-
-def stream_text(text: str) -> None:
-    # Raw stdout, not Rich: streamed code must keep its exact characters.
-    sys.stdout.write(text)
-    sys.stdout.flush()
-
-
-def closing_lines(stats: GenerationStats) -> list[str]:
-    """mlx-lm's closing lines, plus llama.cpp's acceptance line when drafting."""
-    lines = [
-        f"Prompt: {stats.prompt_tokens} tokens, {stats.prompt_tps:.3f} tokens-per-sec",
-        f"Generation: {stats.generation_tokens} tokens, {stats.generation_tps:.3f} tokens-per-sec",
-        f"Peak memory: {stats.peak_memory_gb:.3f} GB",
-    ]
-    if stats.mode != "ar":
-        rates = ", ".join(f"{r:.2f}" for r in stats.acceptance_by_position)
-        lines.append(
-            f"draft acceptance = {stats.acceptance_rate:.2f} ({stats.accepted} accepted / "
-            f"{stats.drafted} drafted), mean acceptance length = {stats.mean_acceptance_length:.2f}, "
-            f"acceptance rate per position = ({rates})"
-        )
-    shape = f"tree {stats.tree_rows} rows (drafted from block {stats.block_size})" if stats.tree_rows else f"block {stats.block_size}"
-    per_row = f", {stats.tau_per_verify_row:.2f} tokens per verify row" if stats.verify_rows else ""
-    lines.append(f"[{stats.mode}, {shape}, {stats.target_passes} target passes{per_row}, backend {stats.backend}]")
-    if stats.ranks > 1:
-        spent = (f", {1e3 * stats.collective_s_per_pass:.2f} ms in them per pass"
-                 if stats.collective_s_per_pass is not None else "")
-        lines.append(f"[target split over {stats.ranks} ranks: {stats.collectives_per_pass:g} collectives per pass{spent}]")
-    return lines
-
-
-def print_closing(stats: GenerationStats) -> None:
-    sys.stdout.write("\n==========\n")
-    for line in closing_lines(stats):
-        sys.stdout.write(line + "\n")
-    sys.stdout.flush()
 
 
 def status(message: str) -> None:
@@ -367,7 +332,8 @@ def compare_table(comparison):
 
     s = comparison.summary()
     a, d = s["ar"], s["spec"]
-    shape = f"tree {s['tree_rows']}" if s.get("tree_rows") else f"block {s['block_size']}"
+    auto = s.get("block_policy") == "auto"
+    shape = f"tree {s['tree_rows']}" if s.get("tree_rows") else f"block {'auto ≤ ' if auto else ''}{s['block_size']}"
     spec_label = f"{mode_name(s['spec_mode'])} ({shape})"
     table = Table(title=f"median of {s['repeats']} repeat(s), order alternated, both arms warmed up", title_style=MUTED)
     table.add_column("")
@@ -382,6 +348,10 @@ def compare_table(comparison):
     table.add_row("target passes after prefill", str(a["target_passes"]), str(d["target_passes"]))
     table.add_row("τ (tokens per target pass)", "1.00", f"{s['mean_acceptance_length']:.2f}")
     table.add_row("acceptance by position", "-", _positions(s["acceptance_by_position"]))
+    if auto:
+        used = ", ".join(f"{'plain' if B == 1 else B}×{n}" for B, n in sorted((s["block_sizes"] or {}).items()))
+        table.add_row("block sizes used (last run)", "-", used or "-")
+        table.add_row("decoded plainly", "100 %", f"{100 * s['plain_share']:.0f} %")
     table.add_row("peak memory", gb(a["peak_memory_gb"]), gb(d["peak_memory_gb"]))
     m = comparison.machine
     speed = s["speedup_decode"]
@@ -394,6 +364,8 @@ def compare_table(comparison):
              style=MUTED),
         parity_text(comparison.parity),
     ]
+    if auto and s.get("fallback"):
+        lines.insert(2, Text(f"auto fell back to plain decoding {s['fallback']}", style="yellow"))
     if 0 < speed < 1:
         tau = s["mean_acceptance_length"]
         why = (f"slower here: each cycle committed τ = {tau:.2f} tokens but took about {tau / speed:.1f}x a plain "

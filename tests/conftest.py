@@ -117,6 +117,12 @@ def copy_ckpt(tmp_path):
     return make
 
 
+@pytest.fixture(autouse=True)
+def _private_cache_folder(tmp_path_factory, monkeypatch):
+    """CLI commands keep calibrations in the user's cache folder: never the real one in tests."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
+
+
 @pytest.fixture
 def cli(capsys, monkeypatch):
     """cli(argv, stdin=None) -> (exit code, stdout, stderr): `dflash2` run in-process

@@ -41,14 +41,16 @@ def test_all_modes_and_a_block_size_sweep(cli, ar_draft, tmp_path):
     assert record["kind"] == "dflash2-bench" and record["machine"]["backend"] == "cpu"
     assert [(p["suite"], p["index"]) for p in record["prompts"]] == [("code", 0), ("chat", 0), ("maths", 0)]
     configs = {(r["mode"], r["block_size"]) for r in record["runs"]}
-    assert configs == {("ar", 1)} | {(m, B) for m in ("dflash", "dflash2", "mlx-lm-spec") for B in (2, 4)}
-    assert len(record["runs"]) == 3 * 7
+    assert configs == {("ar", 1), ("mlx-lm", 1)} | {(m, B) for m in ("dflash", "dflash2", "mlx-lm-spec") for B in (2, 4)}
+    assert len(record["runs"]) == 3 * 8
     for r in record["runs"]:
         assert RUN_KEYS <= set(r)
         assert r["generation_tokens"] == len(r["token_ids"]) <= 12 and r["decode_tps"] > 0
         if r["mode"] in ("dflash", "dflash2"):
             assert r["identical_to_ar"] is True  # greedy speculation is lossless
             assert len(r["acceptance_by_position"]) == r["block_size"] - 1
+        if r["mode"] == "mlx-lm":  # mlx-lm's plain stream_generate beside ours
+            assert r["identical_to_ar"] is True and r["mean_acceptance_length"] == 1
         if r["mode"] == "mlx-lm-spec":
             assert isinstance(r["identical_to_ar"], bool) and r["mean_acceptance_length"] >= 1
     rows = record["summary"]
@@ -75,6 +77,20 @@ def test_all_modes_and_a_block_size_sweep(cli, ar_draft, tmp_path):
     assert "dflash2 bench" in out and "DFlash 2" in out and "★" in out  # the terminal table
 
 
+def test_auto_block_size_row(cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out_json = tmp_path / "bench.json"
+    code, out, err = cli(base_argv("--block-sizes", "auto,3", "--suite", "code", "--max-prompts", 1,
+                                   "--repeats", 1, "-m", 12, "--json", out_json))
+    assert code == 0, err
+    record = json.loads(out_json.read_text())
+    auto = [r for r in record["runs"] if r["block_size"] == "auto"]
+    assert len(auto) == 1 and auto[0]["mode"] == "dflash2" and auto[0]["identical_to_ar"] is True
+    assert 0 <= auto[0]["plain_share"] <= 1 and sum(auto[0]["block_sizes"].values()) >= 1
+    assert "dflash2" in record["calibration"] and list((tmp_path / "cache" / "dflash2-mlx").glob("calibration-*.json"))
+    assert any("with --block-size auto" in line for line in record["verdict"])
+
+
 def test_prompts_file_and_json_to_stdout(cli, tmp_path):
     prompts = tmp_path / "mine.jsonl"
     prompts.write_text('{"prompt": "def add(a, b):", "suite": "code"}\n\n{"prompt": "Hello!"}\n')
@@ -83,7 +99,8 @@ def test_prompts_file_and_json_to_stdout(cli, tmp_path):
     assert code == 0, err
     record = json.loads(out)
     assert [(p["suite"], p["text"]) for p in record["prompts"]] == [("code", "def add(a, b):"), ("mine", "Hello!")]
-    assert {r["repeat"] for r in record["runs"]} == {0, 1} and len(record["runs"]) == 2 * 2 * 2
+    # prompts × repeats × (plain, mlx-lm plain, DFlash 2 block 3)
+    assert {r["repeat"] for r in record["runs"]} == {0, 1} and len(record["runs"]) == 2 * 2 * 3
 
 
 def test_suites_and_prompt_files(tmp_path):

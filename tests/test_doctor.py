@@ -31,13 +31,19 @@ def pair_argv(target=None, drafter=None):
 
 
 COMPAT = "Target/drafter compatibility"
+COSTS = "Decode costs (--block-size auto)"
 
 
 def test_a_good_pair_passes_when_acceptance_is_not_required(cli):
     record, statuses, _ = run_json(cli, *pair_argv(), "--min-acceptance", "0", expect_code=0)
     titles = [s["title"] for s in record["sections"]]
-    assert titles == ["MLX", "Memory (estimated before loading)", "Quantization", COMPAT, "Acceptance self-test"]
+    assert titles == ["MLX", "Memory (estimated before loading)", "Quantization", COMPAT, "Acceptance self-test",
+                      COSTS]
     assert all(v == "ok" for (t, _), v in statuses.items() if t == COMPAT)
+    # The table --block-size auto decides with: a plain step and a cycle per measured block size.
+    costs = record["sections"][-1]["data"]
+    assert costs["costs"]["plain_s"] > 0 and set(costs["costs"]["cycle_s"]) >= {"2", "16"}
+    assert (COSTS, "block 2") in statuses and (COSTS, "auto") in statuses
     assert statuses[("Acceptance self-test", "parity")] == "ok"
     kernels = record["sections"][0]["data"]["kernels"]
     assert set(kernels) == {"two_tap_conv", "path_select"} and set(kernels.values()) <= {"kernel", "twin"}

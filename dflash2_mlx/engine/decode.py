@@ -17,6 +17,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 from ..errors import DFlashError
 from .last_verify import LastVerify
 from .pair import Pair
+from .plain_steps import plain_steps
 from .profile import CycleProfiler
 from .propose import propose
 from .sampling import SamplingParams, greedy_token, make_key, make_logprobs_transform
@@ -118,11 +119,22 @@ def _first_token(logits: mx.array, sampling: SamplingParams, transform, key) -> 
     return mx.random.categorical(transform(logits), key=key).astype(mx.int32)
 
 
+def _plain_step(token: int) -> DecodeStep:
+    return DecodeStep((token,), (False,))
+
+
 def _check_prompt(prompt) -> mx.array:
     prompt = mx.array(prompt, dtype=mx.int32).reshape(-1)
     if prompt.size == 0:
         raise DFlashError("the prompt is empty: give some text to continue")
     return prompt
+
+
+def _joined(pending: list) -> Optional[mx.array]:
+    """Pending feature chunks [1, n, F] as one array (None when there are none)."""
+    if not pending:
+        return None
+    return pending[0] if len(pending) == 1 else mx.concatenate(pending, axis=1)
 
 
 def speculative_generate_step(
@@ -136,15 +148,17 @@ def speculative_generate_step(
     prompt_cache: Optional[DecodeCache] = None,
     profiler: Optional[CycleProfiler] = None,
     tree_rows: int = 0,
+    policy=None,
 ) -> Generator[DecodeStep, None, None]:
     """Lossless block speculative decoding; yields one step per target pass.
 
     `block_size` (default: the checkpoint's) counts the anchor, so each cycle
-    drafts `block_size - 1` tokens. `prompt_cache`, when given, already holds
-    earlier context; `prompt` then starts with the cache's last committed token
-    (committed, never run) followed by the new tokens. `tree_rows` > 0 verifies
-    a tree of that many rows from the drafter's lattice instead of the chain
-    (docs/tree.md).
+    drafts `block_size - 1` tokens. `policy` (an `adaptive.BlockPolicy`), when
+    given, picks every cycle's block size instead, 1 meaning a plain decoding
+    step. `tree_rows` > 0 verifies a tree of that many rows from the drafter's
+    lattice instead of the chain (docs/tree.md). `prompt_cache`, when given,
+    already holds earlier context; `prompt` then starts with the cache's last
+    committed token (committed, never run) followed by the new tokens.
     """
     target, drafter = pair.target, pair.drafter
     if drafter is None:
@@ -159,32 +173,45 @@ def speculative_generate_step(
     if prompt_cache is not None:
         _check_continuation(prompt_cache, prompt)
     tree_rows = tree_rows_for(pair, tree_rows)
+    if tree_rows:
+        policy = None  # the cost model is the chain's: a tree drafts the fixed block
+
+    def sample(logits, key):
+        return _first_token(logits, sampling, transform, key)
 
     key, sub = mx.random.split(key)
-    first = _first_token(_prefill(prompt, pair, cache, prefill_step_size), sampling, transform, sub)
+    first = sample(_prefill(prompt, pair, cache, prefill_step_size), sub)
     anchor = first.item()
     # A continuing call's prompt starts with the cache's last token (committed,
     # not yet run): record it once.
     cache.tokens.extend(prompt.tolist()[1 if cache.tokens else 0 :])
-    pending = None  # features of committed rows not yet in the drafter cache
+    pending = []  # features [1, n, F] of committed rows not yet in the drafter cache
     try:
         cache.tokens.append(anchor)
         yield DecodeStep((anchor,), (False,))
-        generated = 1
-        while True:
-            B = min(B_max, max_tokens - generated + 1)
-            if B <= 1:
-                return
+        generated, decided = 1, None
+        while generated < max_tokens:
+            left = max_tokens - generated
+            B = decided or (policy.next_block(left) if policy else min(B_max, left + 1))
+            decided = None
+            if B == 1:
+                anchor, decided, key, n = yield from plain_steps(
+                    anchor, pair, cache, pending, tokens_left=left, sample=sample, key=key,
+                    next_block=policy.next_block, make_step=_plain_step, fetch=profiler.fetch)
+                generated += n
+                continue
             profiler.start()
             key, k_draft, k_accept = mx.random.split(key, 3)
             if tree_rows:
                 # The drafter takes `pending` into its cache: never append it twice.
-                fed, pending = pending, None
+                fed = _joined(pending)
+                pending.clear()
                 cache.last_verify = None  # trees run on attention caches only: they trim
                 tree = tree_cycle(pair, cache, anchor, fed, block=B, rows=tree_rows, sampling=sampling,
                                   transform=transform, key=k_accept, left=max_tokens - generated,
                                   profiler=profiler)
-                pending, tokens = tree.pending, tree.tokens
+                pending.append(tree.pending)
+                tokens = tree.tokens
                 cache.tokens.extend(tokens)
                 anchor = tokens[-1]
                 generated += len(tokens)
@@ -193,11 +220,13 @@ def speculative_generate_step(
                                  verify_rows=tree.tree.rows)
                 continue
             block = mx.array([[anchor] + [mask_id] * (B - 1)], dtype=mx.int32)
-            hidden, draft_logits = drafter.draft(block, pending, cache.drafter, target)
-            pending = None  # now in the drafter cache: never append it twice
+            hidden, draft_logits = drafter.draft(block, _joined(pending), cache.drafter, target)
+            pending.clear()  # now in the drafter cache: never append it twice
             profiler.lap("draft", draft_logits)
             prop = propose(drafter, draft_logits, hidden, anchor, sampling, transform, k_draft,
                            pair.selector_transform)
+            # Start the drafter now and build the verify graph while it runs.
+            mx.async_eval(prop.draft)
             profiler.lap("select", prop.draft)
             verify_in = mx.concatenate([mx.array([anchor], dtype=mx.int32), prop.draft])[None]
             cache.last_verify = None  # about to change: no longer the block the cache ends with
@@ -217,17 +246,19 @@ def speculative_generate_step(
                 tokens, keep = tokens[:left], left
             target.rollback(cache.target, undo, keep)
             cache.last_verify = LastVerify.after_rollback(target, undo, keep)
-            pending = features[:, :keep]
+            pending.append(features[:, :keep])
             cache.tokens.extend(tokens)
             anchor = tokens[-1]
             generated += len(tokens)
+            if policy is not None:
+                policy.observe(B - 1, a)
             flags = ((True,) * a + (False,))[: len(tokens)]
             yield DecodeStep(tokens, flags, drafted=B - 1, accepted=a, verify_rows=B)
     finally:
         # Leave the drafter cache level with the target cache (both hold every
         # committed token but the last), so a later call can continue from it.
-        if pending is not None and pending.shape[1] > 0:
-            drafter.append_context(pending, cache.drafter)
+        if pending:
+            drafter.append_context(_joined(pending), cache.drafter)
             mx.eval([c.state for c in cache.drafter])
 
 

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import queue
 import threading
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import mlx.core as mx
 
@@ -43,7 +43,8 @@ class EngineService:
         *,
         max_queue: int = 64,
         cache_bytes: int = 0,
-        block_size: Optional[int] = None,
+        block_size: Union[int, str, None] = None,
+        calibration=None,
         prefill_step_size: int = 2048,
         tree_rows: int = 0,
         metrics: Optional[Metrics] = None,
@@ -53,6 +54,7 @@ class EngineService:
         self.cache_bytes = cache_bytes
         self.block_size = block_size
         self.tree_rows = tree_rows  # rows per verify tree; 0: the chain (docs/tree.md)
+        self.calibration = calibration  # for block_size "auto" (measured per request when None)
         self.prefill_step_size = prefill_step_size
         self.metrics = metrics or Metrics()
         self.pair: Optional[Pair] = None
@@ -152,7 +154,8 @@ class EngineService:
         job.post(Started(len(ids), cached))
         responses = stream_generate(
             self.pair, tokenizer, prompt, max_tokens=request.max_tokens, sampling=request.sampling,
-            block_size=self.block_size, stop=request.stop, prefill_step_size=self.prefill_step_size,
+            block_size=self.block_size, calibration=self.calibration, stop=request.stop,
+            prefill_step_size=self.prefill_step_size,
             prompt_cache=cache, tree_rows=self.tree_rows if self.pair.drafter is not None else 0,
         )
         n, last, cancelled = 0, None, False

@@ -8,8 +8,9 @@ mlx-lm's prompt cache does. No UI here: the CLI drives `ask` and renders.
 """
 
 from dataclasses import dataclass, replace
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
+from ..engine.calibrate import measure
 from ..engine.decode import DecodeCache
 from ..engine.pair import Pair
 from ..engine.sampling import SamplingParams
@@ -41,8 +42,15 @@ class TurnResult:
 
 
 # Settings `/set NAME VALUE` can change, with their types.
-SETTINGS = {"temp": float, "top_p": float, "top_k": int, "min_p": float, "max_tokens": int, "block_size": int, "tree": int}
-_A_TYPE = {int: "an integer", float: "a number"}  # "/set top_k needs an integer, not 'x'"
+def block_size_setting(raw: str):
+    """'auto' or a whole number."""
+    return "auto" if raw.strip().lower() == "auto" else int(raw)
+
+
+SETTINGS = {"temp": float, "top_p": float, "top_k": int, "min_p": float, "max_tokens": int,
+            "block_size": block_size_setting, "tree": int}
+# "/set top_k needs an integer, not 'x'"
+_A_TYPE = {int: "an integer", float: "a number", block_size_setting: "'auto' or an integer"}
 
 
 class ChatSession:
@@ -58,7 +66,8 @@ class ChatSession:
         template_kwargs: Optional[dict] = None,
         max_tokens: int = 512,
         sampling: SamplingParams = SamplingParams(),
-        block_size: Optional[int] = None,
+        block_size: Union[int, str, None] = None,
+        calibration=None,
         prefill_step_size: int = 2048,
         tree_rows: int = 0,
     ):
@@ -71,6 +80,7 @@ class ChatSession:
         self.sampling = sampling
         self.block_size = block_size
         self.tree_rows = tree_rows  # rows per verify tree; 0: the chain (docs/tree.md)
+        self.calibration = calibration  # for block_size "auto" (measured on first use when None)
         self.prefill_step_size = prefill_step_size
         self.messages: list[dict] = []
         self.last: Optional[TurnResult] = None
@@ -116,8 +126,8 @@ class ChatSession:
             self.sampling = replace(self.sampling, **{field: value})  # validated by SamplingParams
         return f"{name} = {value}"
 
-    def _check_block_size(self, B: Optional[int]) -> None:
-        if B is None:
+    def _check_block_size(self, B: Union[int, str, None]) -> None:
+        if B is None or (B == "auto" and self.drafter is not None):
             return
         if self.drafter is None:
             raise DFlashError("block size does nothing with plain decoding (no drafter)")
@@ -183,10 +193,12 @@ class ChatSession:
         held = len(self.cache.tokens)
         # The caches hold all reused tokens but the last, which is fed again.
         prompt = ids[reuse - 1:] if reuse else ids
+        if self.block_size == "auto" and self.drafter is not None and self.calibration is None and not self.tree_rows:
+            self.calibration = measure(self.pair, prompt)  # once per session (the CLI passes a cached one)
         responses = stream_generate(
             self.pair, self.tokenizer, prompt, max_tokens=self.max_tokens,
             sampling=self.sampling, block_size=self.block_size if self.drafter else None,
-            prefill_step_size=self.prefill_step_size, prompt_cache=self.cache,
+            calibration=self.calibration, prefill_step_size=self.prefill_step_size, prompt_cache=self.cache,
             tree_rows=self.tree_rows if self.drafter else 0,
         )
         tokens, flags, last, interrupted = [], [], None, False

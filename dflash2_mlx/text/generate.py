@@ -12,6 +12,7 @@ from typing import Generator, Optional, Sequence, Union
 import mlx.core as mx
 
 from ..device import backend_name
+from ..engine.calibrate import Calibration, measure
 from ..engine.decode import DecodeCache, autoregressive_generate_step, speculative_generate_step
 from ..engine.pair import Pair
 from ..engine.profile import CycleProfiler
@@ -50,7 +51,8 @@ def stream_generate(
     *,
     max_tokens: int = 256,
     sampling: SamplingParams = SamplingParams(),
-    block_size: Optional[int] = None,
+    block_size: Union[int, str, None] = None,
+    calibration: Optional[Calibration] = None,
     stop: Sequence[str] = (),
     prefill_step_size: int = 2048,
     prompt_cache: Optional[DecodeCache] = None,
@@ -60,15 +62,24 @@ def stream_generate(
     """Stream a completion; DFlash / DFlash 2 when `pair` has a drafter, else plain decoding.
 
     `block_size` (anchor included) defaults to the drafter's; `pair.block_size`
-    says which are valid. `tree_rows` > 0 verifies trees of that many rows
-    (docs/tree.md); 0 verifies the chain.
+    says which are valid. `block_size="auto"` picks each cycle's block size
+    from `calibration` (measured now, in memory, when not given; see
+    `engine.calibrate.load_or_calibrate` to keep it on disk), decoding plainly
+    where no block size beats plain decoding. The output is the same either way.
+    `tree_rows` > 0 verifies trees of that many rows (docs/tree.md); 0 verifies
+    the chain.
     """
     if max_tokens < 1:
         raise DFlashError(f"max_tokens {max_tokens} must be at least 1")
     ids = encode_prompt(tokenizer, prompt)
     eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
     profiler = profiler or CycleProfiler()
-    B = pair.block_size(block_size)
+    # Auto's cost model is the chain's: a tree (`tree_rows`) drafts the full block.
+    auto = block_size == "auto" and pair.drafter is not None and not tree_rows
+    B = pair.block_size(None if auto or block_size == "auto" else block_size)
+    policy = None
+    if auto and max_tokens > 1:
+        policy = (calibration or measure(pair, ids)).policy(B, clock=time.perf_counter)
     if pair.drafter is None:
         steps = autoregressive_generate_step(
             ids, pair, max_tokens=max_tokens, sampling=sampling,
@@ -79,6 +90,7 @@ def stream_generate(
             ids, pair, max_tokens=max_tokens, block_size=B, sampling=sampling,
             prefill_step_size=prefill_step_size, prompt_cache=prompt_cache, profiler=profiler,
             tree_rows=tree_rows,
+            policy=policy,
         )
     # Tokens before this call; the prompt's first token is the cache's last one.
     history = max(len(prompt_cache.tokens) - 1, 0) if prompt_cache is not None else 0
@@ -111,7 +123,7 @@ def stream_generate(
                 if finish:
                     if index > 0:
                         recorder.add(step, kept)
-                    stats = replace(_stats(recorder, response, pair.kind, B, profiler, tree_rows),
+                    stats = replace(_stats(recorder, response, pair.kind, B, profiler, policy, auto, tree_rows),
                                     **collective_fields(clock, mark))
                     yield replace(response, finish_reason=finish, stats=stats)
                     return
@@ -139,7 +151,14 @@ def _next_text(token, n, max_tokens, eos, detok, stopper) -> tuple[str, Optional
 
 
 def _stats(recorder: StatsRecorder, r: GenerationResponse, mode: str, B: int,
-           profiler: CycleProfiler, tree_rows: int = 0) -> GenerationStats:
+           profiler: CycleProfiler, policy=None, auto: bool = False,
+           tree_rows: int = 0) -> GenerationStats:
+    spec = mode != "ar"
+    fallback = None
+    if policy is not None and policy.report.fallbacks:
+        # Token indices count from the first generated token (the prefill's).
+        fallback = "; ".join(("from the start" if at == 0 else f"after {at + 1} tokens") + f": {why}"
+                             for at, why in policy.report.fallbacks[:3])
     return GenerationStats(
         prompt_tokens=r.prompt_tokens,
         generation_tokens=r.generation_tokens,
@@ -159,4 +178,8 @@ def _stats(recorder: StatsRecorder, r: GenerationResponse, mode: str, B: int,
         tree_rows=tree_rows if mode != "ar" else 0,
         verify_rows=recorder.verify_rows,
         tau_per_verify_row=recorder.tau_per_verify_row,
+        block_policy="auto" if auto else "fixed",
+        block_sizes=dict(sorted(recorder.block_sizes.items())) if spec else None,
+        plain_share=recorder.plain_share if spec else None,
+        fallback=fallback,
     )

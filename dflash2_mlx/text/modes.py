@@ -9,6 +9,7 @@ MODE_LABELS = {
     "dflash-tree": ("DFlash tree", "DFlash tree"),
     "dflash2-tree": ("DFlash 2 tree", "DFlash 2 tree"),
     "mlx-lm-spec": ("mlx-lm speculative", "mlx-lm spec"),
+    "mlx-lm": ("mlx_lm.stream_generate", "mlx-lm plain"),
 }
 
 

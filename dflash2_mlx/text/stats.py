@@ -32,6 +32,14 @@ class GenerationStats:
     tree_rows: int = 0  # rows of each verify tree (0: the chain)
     verify_rows: int = 0  # rows the target ran after prefill, all passes together
     tau_per_verify_row: float = 0.0  # tokens committed per row the target ran
+    # Speculative modes: "fixed" or "auto" (block size chosen per cycle), the
+    # cycles run at each block size (1 = a plain decoding step), the share of
+    # tokens after the first that plain steps decoded, and, when auto fell
+    # back to plain decoding, when and why.
+    block_policy: str = "fixed"
+    block_sizes: Optional[dict[int, int]] = None
+    plain_share: Optional[float] = None
+    fallback: Optional[str] = None
 
     @property
     def acceptance_rate(self) -> float:
@@ -66,6 +74,8 @@ class StatsRecorder:
         # reached[t]: cycles that drafted position t+1 with all earlier accepted.
         self.reached = [0] * max(block_size - 1, 0)
         self.hit = [0] * max(block_size - 1, 0)
+        self.block_sizes: dict[int, int] = {}  # cycles per block size (1: plain steps)
+        self.plain_tokens = 0
 
     def add(self, step: DecodeStep, kept: int) -> None:
         """`kept` is how many of the step's tokens were used (EOS/stop may cut)."""
@@ -74,6 +84,10 @@ class StatsRecorder:
         # Count what the cycle committed (EOS / a stop string may cut it), so the
         # histogram agrees with mean_acceptance_length.
         self.histogram[min(kept, self.block_size) - 1] += 1
+        B = step.drafted + 1
+        self.block_sizes[B] = self.block_sizes.get(B, 0) + 1
+        if not step.drafted:
+            self.plain_tokens += kept
         self.drafted += step.drafted
         self.accepted += step.accepted
         self.verify_rows += step.verify_rows
@@ -89,6 +103,10 @@ class StatsRecorder:
     @property
     def tau_per_verify_row(self) -> float:
         return self.committed / self.verify_rows if self.verify_rows else 0.0
+
+    @property
+    def plain_share(self) -> float:
+        return self.plain_tokens / self.committed if self.committed else 0.0
 
     @property
     def by_position(self) -> list[float]:

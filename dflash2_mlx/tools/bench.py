@@ -12,7 +12,7 @@ the one record format: splitting them would split its definition.)
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import mlx.core as mx
 
@@ -33,7 +33,7 @@ class BenchRun:
     suite: str
     prompt_index: int
     mode: str
-    block_size: int  # tokens per target pass at most (1: plain decoding)
+    block_size: Union[int, str]  # tokens per target pass at most (1: plain decoding), or "auto"
     repeat: int
     prompt_tokens: int
     generation_tokens: int
@@ -46,6 +46,8 @@ class BenchRun:
     peak_memory_gb: float
     identical_to_ar: Optional[bool]  # greedy only
     token_ids: list[int]
+    plain_share: Optional[float] = None  # --block-size auto: tokens decoded by plain steps
+    block_sizes: Optional[dict] = None  # --block-size auto: cycles per block size (1: plain steps)
 
 
 def _timed(responses) -> tuple[list, list[float]]:
@@ -61,24 +63,28 @@ def _rates(times: list[float], n: int) -> tuple[float, float]:
     return ((n - 1) / span if n > 1 and span > 0 else 0.0), (n / times[-1] if times[-1] > 0 else 0.0)
 
 
-def _run_dflash(pair, tokenizer, ids, B, max_tokens, sampling, tree: bool = False):
-    """A chain of block B, or (`tree`) trees of B rows drafted from the drafter's block."""
+def _run_dflash(pair, tokenizer, ids, B, max_tokens, sampling, calibration=None, tree: bool = False):
+    """A chain of block B ("auto" per cycle), or (`tree`) trees of B rows drafted from the drafter's block."""
     drafter = pair.drafter
     responses, times = _timed(stream_generate(
         pair, tokenizer, ids, max_tokens=max_tokens, sampling=sampling,
-        block_size=B if drafter is not None and not tree else None, tree_rows=B if tree else 0))
+        block_size=B if drafter is not None and not tree else None, calibration=calibration,
+        tree_rows=B if tree else 0))
     s = responses[-1].stats
     decode, e2e = _rates(times, len(responses))
     return dict(prompt_tokens=s.prompt_tokens, generation_tokens=s.generation_tokens, prompt_tps=s.prompt_tps,
                 decode_tps=decode, e2e_tps=e2e, mean_acceptance_length=s.mean_acceptance_length if drafter else 1.0,
                 target_passes=s.target_passes, acceptance_by_position=list(s.acceptance_by_position),
-                peak_memory_gb=s.peak_memory_gb, token_ids=[r.token for r in responses])
+                peak_memory_gb=s.peak_memory_gb, token_ids=[r.token for r in responses],
+                plain_share=s.plain_share if s.block_policy == "auto" else None,
+                block_sizes=s.block_sizes if s.block_policy == "auto" else None)
 
 
 def _run_mlx_lm(target, tokenizer, ids, draft_model, B, max_tokens, sampling):
     """mlx-lm's own speculative decoding (draft model proposes B-1 tokens, the
-    target checks them by sample-and-match). τ and acceptance are derived from
-    its `from_draft` flags: each target pass ends with one target token."""
+    target checks them by sample-and-match), or with no draft model its plain
+    `stream_generate`. τ and acceptance are derived from its `from_draft`
+    flags: each target pass ends with one target token."""
     from mlx_lm.generate import stream_generate as lm_stream_generate
     from mlx_lm.sample_utils import make_sampler
 
@@ -87,8 +93,8 @@ def _run_mlx_lm(target, tokenizer, ids, draft_model, B, max_tokens, sampling):
     sampler = make_sampler(sampling.temperature, sampling.top_p, sampling.min_p, top_k=sampling.top_k)
     mx.reset_peak_memory()
     responses, times = _timed(lm_stream_generate(
-        target.model, tokenizer, mx.array(ids), max_tokens=max_tokens, draft_model=draft_model,
-        num_draft_tokens=B - 1, sampler=sampler))
+        target.model, tokenizer, mx.array(ids), max_tokens=max_tokens, sampler=sampler,
+        **({"draft_model": draft_model, "num_draft_tokens": B - 1} if draft_model is not None else {})))
     n = len(responses)
     runs, k = [], 0  # accepted drafts per target pass
     for r in responses[1:]:
@@ -139,8 +145,9 @@ def run_bench(
     prompts: list[tuple[BenchPrompt, list[int]]],
     *,
     pairs: Sequence[Pair] = (),
+    calibrations: Sequence = (),
     draft_model=None,
-    block_sizes: Sequence[int] = (4, 8, 16),
+    block_sizes: Sequence[Union[int, str]] = ("auto", 4, 8, 16),
     tree_rows: Sequence[int] = (),
     repeats: int = 3,
     max_tokens: int = 128,
@@ -149,16 +156,21 @@ def run_bench(
 ) -> dict:
     """Measure every configuration on every prompt; returns the full record.
 
-    `pairs` are `target` with each drafter to benchmark; plain decoding always runs.
+    `pairs` are `target` with each drafter to benchmark; plain decoding and
+    mlx-lm's plain `stream_generate` always run. Block size "auto" uses the
+    pair's entry in `calibrations` (measured in memory when missing).
     Every N in `tree_rows` adds a tree mode per pair ("dflash2-tree", block = N rows).
     `on_run(done, total, label)` is called between runs, never during one.
     """
-    configs: list[tuple[str, int, object]] = [("ar", 1, Pair.make(target))]
+    plain = Pair.make(target)
+    configs: list[tuple[str, Union[int, str], object]] = [("ar", 1, plain), ("mlx-lm", 1, None)]
     skipped = []
-    for pair in pairs:
+    calibration = {}
+    for i, pair in enumerate(pairs):
+        calibration[pair.kind] = calibrations[i] if i < len(calibrations) else None
         for B in block_sizes:
             try:
-                configs.append((pair.kind, pair.block_size(B), pair))
+                configs.append((pair.kind, B if B == "auto" else pair.block_size(B), pair))
             except BlockSizeError as e:
                 skipped.append(f"{mode_name(pair.kind)}: {e}")
         configs += [(f"{pair.kind}-tree", N, pair) for N in tree_rows if N > 0]
@@ -167,14 +179,15 @@ def run_bench(
 
         # mlx-lm's speculative decoding needs caches it can trim at any length.
         if can_trim_prompt_cache(make_prompt_cache(target.model)) and not target.has_window_layers:
-            configs += [("mlx-lm-spec", B, draft_model) for B in block_sizes]
+            configs += [("mlx-lm-spec", B, draft_model) for B in block_sizes if B != "auto"]
         else:
             skipped.append(f"mlx-lm speculative: target '{target.model_type}' has caches mlx-lm cannot roll back")
 
     def run(mode, B, model, ids, n):
-        if mode == "mlx-lm-spec":
+        if mode in ("mlx-lm-spec", "mlx-lm"):
             return _run_mlx_lm(target, tokenizer, ids, model, B, n, sampling)
-        return _run_dflash(model, tokenizer, ids, B, n, sampling, tree=mode.endswith("-tree"))
+        tree = mode.endswith("-tree")
+        return _run_dflash(model, tokenizer, ids, B, n, sampling, None if tree else calibration.get(mode), tree=tree)
 
     first_ids = prompts[0][1]
     for mode, B, model in configs:  # warm up every configuration once
@@ -200,7 +213,7 @@ def run_bench(
                     runs[i] = _with(runs[i], identical_to_ar=runs[i].token_ids == ref)
     if on_run:  # after the last run too, so a progress display reaches total/total
         on_run(done, total, "done")
-    cost = verify_cost(target, first_ids, [1] + [B for _, B, _ in configs if B > 1],
+    cost = verify_cost(target, first_ids, [1] + [B for _, B, _ in configs if B != "auto" and B > 1],
                        layer_ids=pairs[0].layer_ids if pairs else ())
     summary = summarize(runs)
     record = {
@@ -215,6 +228,7 @@ def run_bench(
         "prompts": [{"suite": p.suite, "index": p.index, "text": p.text, "prompt_token_ids": ids} for p, ids in prompts],
         "skipped": skipped,
         "verify_cost_ms": {str(B): ms for B, ms in cost.items()},
+        "calibration": {kind: c.to_dict() for kind, c in calibration.items() if c is not None},
         "runs": [asdict(r) for r in runs],
         "summary": summary,
     }
@@ -247,11 +261,12 @@ def summarize(runs: list[BenchRun]) -> list[dict]:
             "tokens": statistics.median(r.generation_tokens for r in rs),
             "by_position": [statistics.mean(c) for c in zip(*(r.acceptance_by_position for r in rs))],
             "peak": max(r.peak_memory_gb for r in rs),
+            "plain_share": [r.plain_share for r in rs if r.plain_share is not None],
             "identical": [r.identical_to_ar for r in rs if r.identical_to_ar is not None],
         }
 
     stats = {k: prompt_stats(v) for k, v in per_prompt.items()}
-    configs = sorted({(m, B) for m, B, _, _ in stats}, key=lambda c: (list(MODE_LABELS).index(c[0]), c[1]))
+    configs = sorted({(m, B) for m, B, _, _ in stats}, key=lambda c: (list(MODE_LABELS).index(c[0]), 0 if c[1] == "auto" else c[1]))
     suites = sorted({s for _, _, s, _ in stats})
     rows = []
     for mode, B in configs:
@@ -275,6 +290,8 @@ def summarize(runs: list[BenchRun]) -> list[dict]:
                 "acceptance_by_position": [statistics.mean(c) for c in zip(*(p["by_position"] for p in ps))],
                 "peak_memory_gb": max(p["peak"] for p in ps),
                 "identical_to_ar": (sum(identical) / len(identical)) if identical else None,
+                "plain_share": statistics.mean(x for p in ps for x in p["plain_share"])
+                if any(p["plain_share"] for p in ps) else None,
             })
     return rows
 
@@ -282,15 +299,24 @@ def summarize(runs: list[BenchRun]) -> list[dict]:
 def verdict(summary: list[dict], cost_ms: dict[int, float], backend: str) -> tuple[dict, list[str]]:
     """The best block size per speculative mode, and plain sentences about it."""
     best, lines = {}, []
-    overall = [r for r in summary if r["suite"] == "all" and r["mode"] != "ar"]
+    overall = [r for r in summary if r["suite"] == "all" and r["mode"] not in ("ar", "mlx-lm")]
     one = cost_ms.get(1)
+    lm = next((r for r in summary if r["suite"] == "all" and r["mode"] == "mlx-lm"), None)
+    if lm is not None and lm["speedup_decode"]:
+        lines.append(f"Plain decoding here runs at {1 / lm['speedup_decode']:.2f}x mlx_lm.stream_generate "
+                     "(decode tokens/s, same prompts and settings).")
+    for r in overall:
+        if r["block_size"] == "auto":
+            lines.append(f"{mode_name(r['mode'])} with --block-size auto: {r['speedup_decode'] or 0:.2f}x plain "
+                         f"decoding, {100 * (r['plain_share'] or 0):.0f} % of tokens decoded plainly, tau "
+                         f"{r['mean_acceptance_length']:.2f}.")
     for mode in [m for m in MODE_LABELS if any(r["mode"] == m for r in overall)]:
         rows = [r for r in overall if r["mode"] == mode]
         top = max(rows, key=lambda r: r["speedup_decode"] or 0.0)
         B, speed, tau = top["block_size"], top["speedup_decode"] or 0.0, top["mean_acceptance_length"]
         best[mode] = B
         name = mode_name(mode)
-        ratio = cost_ms.get(B, 0.0) / one if one else 0.0
+        ratio = cost_ms.get(B, 0.0) / one if one and B != "auto" else 0.0
         if speed >= 1.0:
             lines.append(f"{name}: best block size on this machine is {B} ({speed:.2f}x plain decoding after "
                          f"prefill, tau {tau:.2f} tokens per target pass).")
@@ -302,7 +328,7 @@ def verdict(summary: list[dict], cost_ms: dict[int, float], backend: str) -> tup
                 f"{speed:.2f}x). Why: each cycle commits tau = {tau:.2f} tokens but costs about {cycle:.1f}x a "
                 f"plain decoding step (the {B}-row verify alone {ratio:.1f}x, measured; drafting and bookkeeping "
                 "the rest). Speculation wins only when tau exceeds the cycle cost.")
-        if tau < 1.2:
+        if tau < 1.2 and B != "auto":  # auto's tau also counts plain steps
             lines.append(f"{name}: acceptance is near zero (tau {tau:.2f}): the drafter does not predict this "
                          "target; check the pair with `dflash2 doctor`.")
     if backend == "cpu" and one:
@@ -356,11 +382,17 @@ def markdown(record: dict) -> str:
             out.append(f"| {mode_name(mode)} | {B} | " + " | ".join(cells) + " |")
     cost = record["verify_cost_ms"]
     one = cost.get("1")
-    if one:
+    if one and len(cost) > 1:
         out += ["", "Target forward cost by rows, relative to one row (measured): " + ", ".join(
             f"{B} rows {ms / one:.1f}x" for B, ms in cost.items() if B != "1")]
     if s.get("tree_rows"):
         out += ["", "Tree modes (docs/tree.md): block is the tree's rows per verify pass, the tree drafted from "
                 "the drafter's full block; their τ compares with the chain's at the same block."]
+    for kind, cal in record.get("calibration", {}).items():
+        c = cal["costs"]
+        cycles = c.get("cycle_s") or {}
+        out += ["", f"{mode_name(kind)} calibration for --block-size auto (measured): plain step "
+                f"{1e3 * c['plain_s']:.2f} ms; cycle " + ", ".join(
+                    f"block {B} {1e3 * t:.2f} ms ({t / c['plain_s']:.1f}x)" for B, t in cycles.items())]
     out += [""] + [f"- {line}" for line in record["verdict"]] + [f"- skipped: {x}" for x in record["skipped"]]
     return "\n".join(out) + "\n"

@@ -12,7 +12,7 @@ import statistics
 import time
 from bisect import bisect_right
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import mlx.core as mx
 
@@ -109,13 +109,15 @@ def parity(ar: ArmRun, spec: ArmRun, greedy: bool) -> Parity:
 
 def run_arm(
     pair: Pair, tokenizer, prompt_ids: Sequence[int], *,
-    max_tokens: int, sampling: SamplingParams, block_size: Optional[int] = None, tree_rows: int = 0,
+    max_tokens: int, sampling: SamplingParams, block_size: Union[int, str, None] = None, calibration=None,
+    tree_rows: int = 0,
 ) -> ArmRun:
     """Generate once, timing every token from the call."""
     tokens, pieces, flags, times, last = [], [], [], [], None
     tic = time.perf_counter()
     for r in stream_generate(pair, tokenizer, list(prompt_ids), max_tokens=max_tokens,
-                             sampling=sampling, block_size=block_size, tree_rows=tree_rows):
+                             sampling=sampling, block_size=block_size, calibration=calibration,
+                             tree_rows=tree_rows):
         times.append(time.perf_counter() - tic)
         tokens.append(r.token)
         pieces.append(r.text)
@@ -158,6 +160,10 @@ class Comparison:
             "acceptance_rate": statistics.mean(r.stats.acceptance_rate for r in self.spec),
             "block_size": s.block_size,
             "tree_rows": s.tree_rows,
+            "block_policy": s.block_policy,
+            "block_sizes": s.block_sizes,  # the last spec run's (auto: 1 = plain steps)
+            "plain_share": statistics.mean(r.stats.plain_share or 0.0 for r in self.spec),
+            "fallback": s.fallback,
             "spec_mode": s.mode,
         }
 
@@ -213,8 +219,8 @@ def machine_info() -> dict:
 
 def compare(
     pair: Pair, tokenizer, prompt_ids: Sequence[int], *,
-    max_tokens: int = 128, sampling: SamplingParams = SamplingParams(), block_size: Optional[int] = None,
-    repeats: int = 2, warmup_tokens: int = WARMUP_TOKENS, tree_rows: int = 0,
+    max_tokens: int = 128, sampling: SamplingParams = SamplingParams(), block_size: Union[int, str, None] = None,
+    calibration=None, repeats: int = 2, warmup_tokens: int = WARMUP_TOKENS, tree_rows: int = 0,
     on_arm: Optional[Callable[[str, str, int], None]] = None,
 ) -> Comparison:
     """Warm both arms up, then run them one after the other `repeats` times,
@@ -228,7 +234,7 @@ def compare(
         if on_arm:
             on_arm("warmup", name, 0)
         run_arm(arm, tokenizer, prompt_ids, max_tokens=min(max_tokens, warmup_tokens),
-                sampling=sampling, block_size=block_size if arm.drafter else None,
+                sampling=sampling, block_size=block_size if arm.drafter else None, calibration=calibration,
                 tree_rows=tree_rows if arm.drafter else 0)
     runs: dict[str, list[ArmRun]] = {"ar": [], "spec": []}
     order = []
@@ -240,7 +246,7 @@ def compare(
             arm = arms[name]
             runs[name].append(run_arm(arm, tokenizer, prompt_ids, max_tokens=max_tokens,
                                       sampling=sampling, block_size=block_size if arm.drafter else None,
-                                      tree_rows=tree_rows if arm.drafter else 0))
+                                      calibration=calibration, tree_rows=tree_rows if arm.drafter else 0))
         order.append([runs[n][-1].mode for n in names])
     verdict = Parity("identical")
     for a, s in zip(runs["ar"], runs["spec"]):
@@ -250,7 +256,8 @@ def compare(
     settings = {
         "max_tokens": max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
         "top_k": sampling.top_k, "min_p": sampling.min_p, "seed": sampling.seed,
-        "block_size": runs["spec"][0].stats.block_size, "tree_rows": tree_rows, "repeats": repeats, "warmup_tokens": warmup_tokens,
+        "block_size": runs["spec"][0].stats.block_size, "block_policy": runs["spec"][0].stats.block_policy,
+        "tree_rows": tree_rows, "repeats": repeats, "warmup_tokens": warmup_tokens,
     }
     return Comparison(prompt_ids, settings, runs["ar"], runs["spec"], order, machine_info(), verdict)
 

@@ -313,6 +313,38 @@ def self_test(pair, tokenizer, *, block_size: Optional[int] = None, max_tokens: 
     return Section("Acceptance self-test", tuple(findings), data)
 
 
+def decode_costs(pair, tokenizer, folder=None, recalibrate: bool = False) -> Section:
+    """The calibration `--block-size auto` decides with: cycle costs by block size
+    against a plain decoding step (cached under `folder`, measured when missing)."""
+    from ..engine.calibrate import load_or_calibrate
+    from ..text.prompt import build_prompt
+    from .suites import SUITES
+
+    cal = load_or_calibrate(pair, folder, build_prompt(tokenizer, SUITES["code"][0]), recalibrate)
+    costs, plain = cal.costs, cal.costs.plain
+    where = f"cached in {cal.path}" if cal.cached else (f"measured now, saved to {cal.path}" if cal.path else "measured now")
+    findings = [Finding("plain step", "info", f"{1e3 * plain:.2f} ms per token ({where})")]
+    for B in sorted(costs.cycles or costs.verify):
+        cycle = costs.cycle(B)
+        findings.append(Finding(
+            f"block {B}", "info",
+            f"cycle {1e3 * cycle:.2f} ms = {cycle / plain:.2f} plain steps (target pass over {B} rows "
+            f"{1e3 * costs.verify[B]:.2f} ms, drafter + selector {1e3 * costs.draft[B]:.2f} ms): drafting pays "
+            f"when a cycle commits more than {cycle / plain:.2f} tokens" + ("" if cycle / plain < B else
+                                                                             ", which a block of this size never can")))
+    policy = cal.policy(pair.max_block_size)
+    B = policy.best_block(pair.max_block_size)
+    seed = ", ".join(f"{a:.2f}" for a in cal.acceptance) or "none seen"
+    if policy.rate(B) > policy.rate(1):
+        verdict = f"auto would start at block {B} (expected {policy.rate(B) / policy.rate(1):.2f}x plain decoding)"
+    else:
+        verdict = (f"auto would start with plain decoding (best block {B} expected at "
+                   f"{policy.rate(B) / policy.rate(1):.2f}x) and probe now and then")
+    findings.append(Finding("auto", "info", f"acceptance by position on the calibration prompt ({seed}): {verdict}"))
+    return Section("Decode costs (--block-size auto)", tuple(findings),
+                   {**cal.to_dict(), "path": str(cal.path) if cal.path else None, "cached": cal.cached})
+
+
 # -- all of it ------------------------------------------------------------------------------
 
 
@@ -326,6 +358,8 @@ def run_doctor(
     min_acceptance: float = DEFAULT_MIN_ACCEPTANCE,
     run_self_test: bool = True,
     max_tokens: int = 48,
+    calibration_folder=None,
+    recalibrate: bool = False,
 ) -> Iterator[Section]:
     """Yield sections in order; a section with a failure ends the run where
     later checks cannot be meaningful (nothing loads, the pair is incompatible)."""
@@ -369,8 +403,11 @@ def run_doctor(
         return
     if quant is not None and not d_config.get("quantization"):
         quantize_drafter(d, quant)
-    yield self_test(pair, tokenizer, block_size=block_size, max_tokens=max_tokens,
-                    min_acceptance=min_acceptance)
+    test = self_test(pair, tokenizer, block_size=block_size, max_tokens=max_tokens,
+                     min_acceptance=min_acceptance)
+    yield test
+    if not test.failed:
+        yield decode_costs(pair, tokenizer, calibration_folder, recalibrate)
 
 
 def _one_line(e: Exception) -> str:

@@ -1,0 +1,68 @@
+"""What `dflash2 generate` prints: streamed text and mlx-lm's closing lines.
+
+Plain stdout, no Rich: streamed code must keep its exact characters, and the
+most common command should not pay for importing Rich (cli/ui.py re-exports
+these for the other commands).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the library loads MLX: not needed to print
+    from dflash2_mlx.text.stats import GenerationStats
+
+
+def stream_text(text: str) -> None:
+    # Raw stdout, not Rich: streamed code must keep its exact characters.
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def closing_lines(stats: GenerationStats) -> list[str]:
+    """mlx-lm's closing lines, plus llama.cpp's acceptance line when drafting."""
+    lines = [
+        f"Prompt: {stats.prompt_tokens} tokens, {stats.prompt_tps:.3f} tokens-per-sec",
+        f"Generation: {stats.generation_tokens} tokens, {stats.generation_tps:.3f} tokens-per-sec",
+        f"Peak memory: {stats.peak_memory_gb:.3f} GB",
+    ]
+    if stats.mode != "ar":
+        rates = ", ".join(f"{r:.2f}" for r in stats.acceptance_by_position)
+        lines.append(
+            f"draft acceptance = {stats.acceptance_rate:.2f} ({stats.accepted} accepted / "
+            f"{stats.drafted} drafted), mean acceptance length = {stats.mean_acceptance_length:.2f}, "
+            f"acceptance rate per position = ({rates})"
+        )
+    lines += block_lines(stats)
+    shape = (f"tree {stats.tree_rows} rows (drafted from block {stats.block_size})" if stats.tree_rows
+             else f"block {block_label(stats)}")
+    per_row = f", {stats.tau_per_verify_row:.2f} tokens per verify row" if stats.verify_rows else ""
+    lines.append(f"[{stats.mode}, {shape}, {stats.target_passes} target passes{per_row}, backend {stats.backend}]")
+    if stats.ranks > 1:
+        spent = (f", {1e3 * stats.collective_s_per_pass:.2f} ms in them per pass"
+                 if stats.collective_s_per_pass is not None else "")
+        lines.append(f"[target split over {stats.ranks} ranks: {stats.collectives_per_pass:g} collectives per pass{spent}]")
+    return lines
+
+
+def block_label(stats) -> str:
+    return f"auto ≤ {stats.block_size}" if stats.block_policy == "auto" else str(stats.block_size)
+
+
+def block_lines(stats) -> list[str]:
+    """With --block-size auto: the block sizes used, the share decoded plainly, and any fallback."""
+    if stats.block_policy != "auto" or stats.block_sizes is None:
+        return []
+    used = ", ".join(f"{'plain' if B == 1 else B}×{n}" for B, n in sorted(stats.block_sizes.items()))
+    lines = [f"block sizes used = ({used or 'none'}), decoded plainly = {100 * (stats.plain_share or 0):.0f} % of tokens"]
+    if stats.fallback:
+        lines.append(f"auto fell back to plain decoding {stats.fallback}")
+    return lines
+
+
+def print_closing(stats: GenerationStats) -> None:
+    sys.stdout.write("\n==========\n")
+    for line in closing_lines(stats):
+        sys.stdout.write(line + "\n")
+    sys.stdout.flush()

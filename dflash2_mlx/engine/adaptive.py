@@ -1,0 +1,278 @@
+"""Pick each cycle's block size from measured costs and observed acceptance.
+
+Pure Python (no MLX), so the policy can be tested with injected cost tables.
+A cycle at block size B costs draft(B) + verify(B) seconds and commits
+E_B = 1 + sum_k prod_{t<=k} alpha_t tokens on average, where alpha_t is the
+chance that draft position t is accepted once every earlier one was. A plain
+decoding step costs `plain` seconds and commits one token. Each cycle takes
+the block size with the most expected tokens per second; when no block size
+beats plain decoding the loop decodes plainly and probes again now and then,
+spending at most `probe_budget` of its time on probes that lose.
+
+The choice never changes what is generated, only how fast: every cycle,
+speculative or plain, commits tokens from the target's own distribution.
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+
+def _interpolate(points: dict[int, float], B: int) -> float:
+    """Linear in B between measured sizes, extended from the outermost two."""
+    if B in points:
+        return points[B]
+    sizes = sorted(points)
+    if len(sizes) == 1:
+        return points[sizes[0]]
+    lo, hi = sizes[0], sizes[1]
+    for a, b in zip(sizes, sizes[1:]):
+        lo, hi = a, b
+        if B < b:
+            break
+    slope = (points[hi] - points[lo]) / (hi - lo)
+    return max(points[lo] + slope * (B - lo), 0.0)
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Measured seconds of a decode cycle on one machine for one pair.
+
+    `plain` is one plain decoding step. `verify` is a target pass over B rows
+    with the drafter's layers captured; `draft` is a drafter pass over a B-row
+    block plus the walk that turns it into draft tokens. `cycles`, when
+    measured, is a whole speculative cycle as the loop runs it (graph
+    building, the host sync, bookkeeping; pieces may overlap) and is what
+    `cycle` returns; otherwise verify + draft. Sizes in between measured ones
+    are interpolated.
+    """
+
+    plain: float
+    verify: dict[int, float]
+    draft: dict[int, float]
+    cycles: Optional[dict[int, float]] = None
+
+    def __post_init__(self):
+        if self.plain <= 0 or not self.verify or not self.draft:
+            raise ValueError("a cost table needs a positive plain step time and verify/draft times")
+
+    def cycle(self, B: int) -> float:
+        """Seconds of one speculative cycle at block size B."""
+        if self.cycles:
+            return _interpolate(self.cycles, B)
+        return _interpolate(self.verify, B) + _interpolate(self.draft, B)
+
+    def to_dict(self) -> dict:
+        def column(points):
+            return {str(B): s for B, s in sorted(points.items())}
+
+        d = {"plain_s": self.plain, "verify_s": column(self.verify), "draft_s": column(self.draft)}
+        if self.cycles:
+            d["cycle_s"] = column(self.cycles)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CostTable":
+        def column(key):
+            return {int(B): float(s) for B, s in d[key].items()} if key in d else None
+
+        return cls(float(d["plain_s"]), column("verify_s"), column("draft_s"), column("cycle_s"))
+
+
+class AcceptanceEstimate:
+    """Per-position conditional acceptance, from decayed counts.
+
+    Starts from `seed` (e.g. a calibration probe) worth `prior_weight` cycles;
+    each observed cycle first decays every count by `decay`, so the estimate
+    follows the text being generated. Positions a cycle did not reach (an
+    earlier draft was rejected, or the block was shorter) are left alone.
+    """
+
+    def __init__(self, positions: int, seed: Sequence[float] = (), prior_weight: float = 4.0,
+                 decay: float = 0.95, default: float = 0.5):
+        seed = list(seed) or [default]
+        # Past the seed's last position assume its last rate (acceptance decays slowly with depth).
+        rates = [min(max(seed[min(t, len(seed) - 1)], 0.0), 1.0) for t in range(positions)]
+        self.reached = [prior_weight] * positions
+        self.hit = [r * prior_weight for r in rates]
+        self.decay = decay
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.reached = [r * self.decay for r in self.reached]
+        self.hit = [h * self.decay for h in self.hit]
+        for t in range(min(accepted + 1, drafted, len(self.reached))):
+            self.reached[t] += 1.0
+            if t < accepted:
+                self.hit[t] += 1.0
+
+    @property
+    def rates(self) -> list[float]:
+        return [h / r if r > 0 else 0.0 for h, r in zip(self.hit, self.reached)]
+
+    def expected_tokens(self, B: int) -> float:
+        """Mean tokens a B-row cycle commits (accepted drafts + the bonus)."""
+        total, run = 1.0, 1.0
+        for alpha in self.rates[: B - 1]:
+            run *= alpha
+            total += run
+        return total
+
+
+@dataclass
+class PolicyReport:
+    """What the policy did, for stats and the closing line."""
+
+    fallbacks: list[tuple[int, str]] = field(default_factory=list)  # (token index, why)
+    probes: int = 0
+
+
+class FixedPolicy:
+    """The same block size every cycle (1: plain steps), never past the tokens wanted."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+
+    def next_block(self, tokens_left: int) -> int:
+        return 1 if self.block_size == 1 else max(2, min(self.block_size, tokens_left + 1))
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        pass
+
+
+class BlockPolicy:
+    """Chooses the block size of every cycle; 1 means a plain decoding step.
+
+    `next_block(tokens_left)` is asked before each cycle (a plain step counts
+    as decided when it is returned); `observe(drafted, accepted)` is told the
+    outcome of every speculative cycle.
+
+    With a `clock`, the time between consecutive decisions is what the last
+    decision cost (the consumer's share of each token included), and the
+    calibrated costs are scaled online, one factor for plain steps and one
+    for cycles: the calibration was measured once, on a short context and
+    maybe while the machine was busy; this run's costs are what count.
+    """
+
+    def __init__(self, costs: CostTable, max_block: int, acceptance: Optional[AcceptanceEstimate] = None,
+                 margin: float = 0.03, probe_budget: float = 0.02, max_probe_interval: int = 4096,
+                 clock: Optional[Callable[[], float]] = None, cost_weight: float = 0.1):
+        if max_block < 2:
+            raise ValueError(f"max_block {max_block} must be at least 2")
+        self.costs, self.max_block = costs, max_block
+        self.acceptance = acceptance or AcceptanceEstimate(max_block - 1)
+        self.margin, self.probe_budget, self.max_probe_interval = margin, probe_budget, max_probe_interval
+        self.report = PolicyReport()
+        self.tokens = 0  # tokens committed through this policy so far
+        self._plain = False  # decoding plainly between probes
+        self._plain_left = 0  # plain steps until the next probe (None: never probe)
+        self._losing_probes = 0
+        self._probing = False
+        self.clock, self.cost_weight = clock, cost_weight
+        self.scale = {"plain": 1.0, "spec": 1.0}  # measured / calibrated cost, learned online
+        self._last: Optional[tuple[float, int, Optional[int]]] = None  # (time, block, block before)
+
+    # -- the model -----------------------------------------------------------------
+    def plain_cost(self) -> float:
+        return self.costs.plain * self.scale["plain"]
+
+    def cycle_cost(self, B: int) -> float:
+        return self.costs.cycle(B) * self.scale["spec"]
+
+    def rate(self, B: int) -> float:
+        """Expected committed tokens per second at block size B (1: plain)."""
+        if B <= 1:
+            return 1.0 / self.plain_cost()
+        return self.acceptance.expected_tokens(B) / self.cycle_cost(B)
+
+    def best_block(self, tokens_left: int) -> int:
+        """The speculative block size with the highest expected rate."""
+        top = max(2, min(self.max_block, tokens_left + 1))
+        return max(range(2, top + 1), key=lambda B: (self.rate(B), -B))
+
+    def _can_ever_win(self) -> bool:
+        # Even if every draft were accepted (B tokens per cycle) plain decoding is faster.
+        return any(B / self.cycle_cost(B) > self.rate(1) for B in range(2, self.max_block + 1))
+
+    # -- the loop's questions ----------------------------------------------------------
+    def next_block(self, tokens_left: int) -> int:
+        B = self._decide(tokens_left)
+        self._tick(B)
+        return B
+
+    def _decide(self, tokens_left: int) -> int:
+        if tokens_left <= 1:
+            return self._count_plain()
+        if self._plain:
+            if self._plain_left is None or self._plain_left > 0:
+                return self._count_plain()
+            self._probing = True
+            self.report.probes += 1
+            return self.best_block(tokens_left)
+        B = self.best_block(tokens_left)
+        # Hysteresis: keep drafting while it beats plain decoding at all; start
+        # again (after a probe) only when it beats it by `margin`.
+        if self.rate(B) > self.rate(1):
+            return B
+        self._fall_back(B)
+        return self._count_plain()
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        expected = self.acceptance.expected_tokens(drafted + 1)
+        self.acceptance.observe(drafted, accepted)
+        self.tokens += accepted + 1
+        if not self._probing:
+            return
+        self._probing = False
+        B = self.best_block(self.max_block)
+        if self.rate(B) > self.rate(1) * (1.0 + self.margin):
+            self._plain, self._losing_probes = False, 0  # drafting pays again
+        else:
+            # Back off while probes confirm the estimate; one that did better
+            # than expected is followed up at the base interval.
+            self._losing_probes = 0 if accepted + 1 > expected else self._losing_probes + 1
+            self._schedule_probe(B)
+
+    # -- internals --------------------------------------------------------------------
+    def _tick(self, B: int) -> None:
+        """Charge the time since the previous decision to that decision."""
+        if self.clock is None:
+            return
+        now = self.clock()
+        if self._last is not None:
+            then, kind, before = self._last
+            # The first plain step after a cycle is only launched, not waited
+            # for, before the next decision: its interval says nothing.
+            if kind > 1 or before == 1:
+                predicted = self.costs.plain if kind == 1 else self.costs.cycle(kind)
+                ratio = min(max((now - then) / predicted, 0.25), 4.0)
+                key = "plain" if kind == 1 else "spec"
+                self.scale[key] += self.cost_weight * (ratio - self.scale[key])
+        self._last = (now, B, self._last[1] if self._last else None)
+
+
+    def _count_plain(self) -> int:
+        self.tokens += 1
+        if self._plain and self._plain_left:
+            self._plain_left -= 1
+        return 1
+
+    def _fall_back(self, B: int) -> None:
+        self._plain = True
+        E, cost = self.acceptance.expected_tokens(B), self.cycle_cost(B) / self.plain_cost()
+        if not self._can_ever_win():
+            why = (f"even a fully accepted block cannot beat plain decoding here (a {B}-token cycle "
+                   f"costs {cost:.1f} plain steps)")
+        else:
+            why = (f"the best block, {B}, is expected to commit {E:.2f} tokens per cycle at the cost of "
+                   f"{cost:.1f} plain steps ({E / cost:.2f}x plain decoding)")
+        self.report.fallbacks.append((self.tokens, why))
+        self._schedule_probe(B)
+
+    def _schedule_probe(self, B: int) -> None:
+        """Wait long enough that a losing probe costs at most `probe_budget` of the time."""
+        if not self._can_ever_win():
+            self._plain_left = None
+            return
+        loss = max(self.cycle_cost(B) / self.plain_cost() - self.acceptance.expected_tokens(B), 0.0)
+        wait = math.ceil(loss / self.probe_budget) * (2 ** self._losing_probes)
+        self._plain_left = max(1, min(wait, self.max_probe_interval))

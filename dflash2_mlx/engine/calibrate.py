@@ -1,0 +1,200 @@
+"""Measure what a decode cycle costs for one pair on this machine, and keep it.
+
+The adaptive block size (adaptive.py) needs the seconds of a plain decoding
+step and of a speculative cycle at each block size. They are measured by
+running the decode loop itself on a short prompt (so graph building, the
+host sync and bookkeeping are counted, not only the passes), plus one timed
+run per size that splits a cycle into its target pass and its drafter pass
+(with the selector) for display. A cycle's cost is a fact of the machine and
+the pair, so the result is cached in a JSON file per (backend, device, target,
+drafter, dtypes, quantization) and measured again when any of those change.
+The caller chooses the folder; the library never looks one up.
+"""
+
+import hashlib
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..device import backend_name
+from ..errors import DFlashError
+from ..files import atomic_write_text
+from .adaptive import AcceptanceEstimate, BlockPolicy, CostTable, FixedPolicy
+from .decode import speculative_generate_step
+from .pair import Pair
+from .profile import CycleProfiler
+
+VERSION = 1
+# Measured block sizes; the policy interpolates between them (linear in B is how
+# verify and drafter passes grow, compute-bound or not).
+SIZES = (2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    costs: CostTable
+    acceptance: list[float]  # per draft position, seen on the calibration prompt (a seed)
+    key: dict  # what the numbers are valid for
+    path: Optional[Path] = None  # where it is cached, if anywhere
+    cached: bool = False  # read from disk rather than measured now
+
+    def policy(self, max_block: int, clock=None) -> BlockPolicy:
+        """A fresh policy for one generation, seeded with this calibration
+        (`clock`, e.g. time.perf_counter, lets it correct the costs online)."""
+        return BlockPolicy(self.costs, max_block, AcceptanceEstimate(max_block - 1, self.acceptance), clock=clock)
+
+    def to_dict(self) -> dict:
+        return {"version": VERSION, "key": self.key, "costs": self.costs.to_dict(),
+                "acceptance": self.acceptance}
+
+
+def calibration_key(pair: Pair) -> dict:
+    """Everything the costs depend on: backend, device, both models, dtypes, quantization."""
+    try:
+        device = mx.device_info().get("device_name", "")
+    except Exception:  # older MLX: no device_info
+        device = ""
+    target, drafter = pair.target, pair.drafter
+    return {
+        "version": VERSION, "backend": backend_name(), "device": device,
+        "target": _fingerprint(target.model, [target.model_type, target.num_layers, target.hidden_size,
+                                              target.vocab_size]),
+        "drafter": _fingerprint(drafter, [drafter.config.kind, len(drafter.layers), drafter.config.hidden_size,
+                                          drafter.config.block_size]),
+        "dtype": {"target": str(target.activation_dtype), "drafter": str(drafter.activation_dtype)},
+        "quantization": {"target": _quantization(target.model), "drafter": _quantization(drafter)},
+    }
+
+
+def _quantization(module: nn.Module) -> list:
+    """(bits, group size) of every quantized layer kind in use, sorted."""
+    found = {(m.bits, m.group_size) for _, m in module.named_modules() if hasattr(m, "bits")}
+    return [list(q) for q in sorted(found)]  # lists: the key must survive a JSON round trip
+
+
+def _fingerprint(module: nn.Module, shape: list) -> str:
+    """Shape facts plus a checksum of the norm weights (cheap; retraining changes them)."""
+    h = hashlib.sha1(json.dumps([str(x) for x in shape]).encode())
+    norms = [p for name, p in sorted(_params(module)) if "norm" in name][:8]
+    for p in norms:
+        h.update(memoryview(p.astype(mx.float32)).tobytes())
+    return h.hexdigest()[:16]
+
+
+def _params(module: nn.Module):
+    from mlx.utils import tree_flatten
+
+    return tree_flatten(module.parameters())
+
+
+def _pass_times(pair: Pair, prompt_ids, policy, passes: int, profiler=None) -> tuple[list[float], list]:
+    """Seconds between consecutive target passes of the real decode loop (the
+    first two are warm-up and dropped), and the speculative steps seen."""
+    steps, times, last = [], [], None
+    gen = speculative_generate_step(prompt_ids, pair, max_tokens=passes * pair.max_block_size + 8,
+                                    policy=policy, profiler=profiler)
+    try:
+        for i, step in enumerate(gen):
+            now = time.perf_counter()
+            if last is not None and i > 2:
+                times.append(now - last)
+                steps.append(step)
+            last = now
+            if len(times) >= passes:
+                break
+    finally:
+        gen.close()
+    return times, steps
+
+
+def measure(pair: Pair, prompt_ids: Sequence[int], sizes: Sequence[int] = SIZES, cycles: int = 6) -> Calibration:
+    """Run the decode loop plainly and at each block size; a few seconds."""
+    sizes = sorted({B for B in sizes if 2 <= B <= pair.max_block_size} | {2, pair.max_block_size})
+    plain = statistics.median(_pass_times(pair, prompt_ids, FixedPolicy(1), 3 * cycles)[0])
+    cycle, verify, draft = {}, {}, {}
+    M = pair.max_block_size - 1
+    reached, hit = [0] * M, [0] * M
+    for B in sizes:
+        times, steps = _pass_times(pair, prompt_ids, FixedPolicy(B), cycles)
+        cycle[B] = statistics.median(times)
+        for s in steps:
+            for t in range(min(s.accepted + 1, s.drafted)):
+                reached[t] += 1
+                hit[t] += t < s.accepted
+        profiler = CycleProfiler(timed=True)
+        _pass_times(pair, prompt_ids, FixedPolicy(B), 3, profiler)
+        n = profiler.fetches
+        verify[B] = profiler.seconds["verify"] / n
+        draft[B] = (profiler.seconds["draft"] + profiler.seconds["select"]) / n
+    # Positions seen only a few times say little; the estimate extends the last kept one.
+    cycle = _non_decreasing(cycle)
+    acceptance = []
+    for h, r in zip(hit, reached):
+        if r < 4:
+            break
+        acceptance.append(h / r)
+    return Calibration(CostTable(plain, verify, draft, cycle), acceptance, calibration_key(pair))
+
+
+def _non_decreasing(points: dict[int, float]) -> dict[int, float]:
+    """Least-squares fit that never falls as B grows (pool adjacent violators):
+    a longer block never costs less, so a dip is noise (another process took
+    the machine for a moment) and would mislead the policy."""
+    blocks = [[points[B], 1, [B]] for B in sorted(points)]  # [mean, weight, sizes]
+    i = 0
+    while i < len(blocks) - 1:
+        if blocks[i][0] > blocks[i + 1][0]:
+            a, b = blocks[i], blocks.pop(i + 1)
+            a[0] = (a[0] * a[1] + b[0] * b[1]) / (a[1] + b[1])
+            a[1] += b[1]
+            a[2] += b[2]
+            i = max(i - 1, 0)
+        else:
+            i += 1
+    return {B: mean for mean, _, sizes in blocks for B in sizes}
+
+
+def load_or_calibrate(pair: Pair, folder: Optional[Path], prompt_ids: Sequence[int],
+                      recalibrate: bool = False) -> Calibration:
+    """The cached calibration for this pair on this machine, measured (and
+    saved under `folder`, when given) if there is none or `recalibrate`."""
+    key = calibration_key(pair)
+    path = None
+    if folder is not None:
+        path = calibration_path(pair, folder, key)
+        if not recalibrate:
+            found = _read(path, key)
+            if found is not None:
+                return found
+    cal = measure(pair, prompt_ids)
+    if path is not None:
+        try:
+            atomic_write_text(path, json.dumps(cal.to_dict(), indent=1) + "\n")
+        except DFlashError:
+            path = None  # a cache that cannot be written only costs a re-measure next time
+    return Calibration(cal.costs, cal.acceptance, key, path)
+
+
+def calibration_path(pair: Pair, folder: Path, key: Optional[dict] = None) -> Path:
+    """The file under `folder` that holds this pair's calibration on this machine."""
+    key = key or calibration_key(pair)
+    name = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return Path(folder).expanduser() / f"calibration-{name}.json"
+
+
+def _read(path: Path, key: dict) -> Optional[Calibration]:
+    """A cached calibration, or None when missing, unreadable or for another key."""
+    try:
+        record = json.loads(path.read_text())
+        if record.get("key") != key:
+            return None
+        return Calibration(CostTable.from_dict(record["costs"]), [float(a) for a in record["acceptance"]],
+                           key, path, cached=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

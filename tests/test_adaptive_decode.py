@@ -1,0 +1,123 @@
+"""The decode loop under a changing block size: plain steps and speculative
+cycles through the same caches stay exact and keep the caches level."""
+
+import json
+
+import mlx.core as mx
+import pytest
+
+from dflash2_mlx.engine.adaptive import AcceptanceEstimate, BlockPolicy, CostTable
+from dflash2_mlx.engine.calibrate import _non_decreasing, calibration_key, load_or_calibrate
+from dflash2_mlx.engine.decode import DecodeCache, speculative_generate_step
+from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.sampling import SamplingParams
+
+from helpers import ar_tokens, load_pair_for
+
+PROMPT = [5, 17, 42, 9, 100, 3, 77, 12]
+
+
+class Schedule:
+    """A policy that plays back block sizes (cycling), recording what it saw."""
+
+    def __init__(self, sizes):
+        self.sizes, self.i, self.observed = sizes, 0, []
+
+    def next_block(self, tokens_left):
+        B = self.sizes[self.i % len(self.sizes)]
+        self.i += 1
+        return 1 if B == 1 else max(2, min(B, tokens_left + 1))
+
+    def observe(self, drafted, accepted):
+        self.observed.append((drafted, accepted))
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target, _, drafter = load_pair_for("qwen3", "dflash2")
+    return Pair.make(target, drafter)
+
+
+@pytest.mark.parametrize("sizes", [[1], [1, 1, 4], [3, 1, 1, 1, 16, 1, 2], [16, 1]])
+def test_greedy_output_equals_plain_decoding(pair, sizes):
+    n = 40
+    policy = Schedule(sizes)
+    cache = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
+    steps = list(speculative_generate_step(PROMPT, pair, max_tokens=n, policy=policy, prompt_cache=cache))
+    tokens = [t for s in steps for t in s.tokens]
+    assert tokens == ar_tokens(pair.target, PROMPT, n)
+    # Plain steps draft nothing; every cycle's outcome reached the policy.
+    assert sum(s.drafted > 0 for s in steps) == len(policy.observed)
+    # At rest both caches hold every committed token but the last.
+    assert cache.target[0].offset == len(cache.tokens) - 1 == cache.drafter[0].offset
+
+
+def test_plain_rows_reach_the_drafter_cache_before_the_next_draft(pair):
+    # Drafting after a plain run sees exactly what a fixed-block run would:
+    # the same drafter cache contents give the same drafts.
+    n = 30
+    cache_a = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
+    list(speculative_generate_step(PROMPT, pair, max_tokens=n, policy=Schedule([1]), prompt_cache=cache_a))
+    cache_b = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
+    list(speculative_generate_step(PROMPT, pair, max_tokens=n, block_size=4, prompt_cache=cache_b))
+    for a, b in zip(cache_a.drafter, cache_b.drafter):
+        ka, kb = a.state[0][..., : a.offset, :], b.state[0][..., : b.offset, :]
+        assert a.offset == b.offset
+        assert mx.allclose(ka, kb, atol=1e-5).item()
+
+
+@pytest.mark.parametrize("stop_after", [1, 3, 7])
+def test_closing_inside_a_plain_run_undoes_the_look_ahead(pair, stop_after):
+    cache = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
+    gen = speculative_generate_step(PROMPT, pair, max_tokens=50, policy=Schedule([4, 1, 1, 1, 1, 1, 1, 1]),
+                                    prompt_cache=cache)
+    for i, _ in enumerate(gen):
+        if i == stop_after:
+            break
+    gen.close()
+    assert cache.target[0].offset == len(cache.tokens) - 1 == cache.drafter[0].offset
+    # The cache continues exactly: the rest equals plain decoding.
+    more = [t for s in speculative_generate_step([cache.tokens[-1]], pair, max_tokens=10, block_size=3,
+                                                  prompt_cache=cache) for t in s.tokens]
+    assert cache.tokens[len(PROMPT):] == ar_tokens(pair.target, PROMPT, len(cache.tokens) - len(PROMPT))
+    assert len(more) == 10
+
+
+def test_sampling_runs_and_repeats_with_a_seed(pair):
+    sampling = SamplingParams(temperature=1.0, seed=3)
+
+    def run():
+        return [t for s in speculative_generate_step(PROMPT, pair, max_tokens=30, sampling=sampling,
+                                                     policy=Schedule([1, 1, 4, 2])) for t in s.tokens]
+
+    a, b = run(), run()
+    assert a == b and len(a) == 30
+
+
+def test_compute_bound_costs_decode_plainly(pair):
+    costs = CostTable(1.0, {2: 1.6, 16: 9.4}, {2: 0.9, 16: 1.9})
+    policy = BlockPolicy(costs, pair.max_block_size, AcceptanceEstimate(pair.max_block_size - 1, [0.3]))
+    steps = list(speculative_generate_step(PROMPT, pair, max_tokens=40, policy=policy))
+    assert [t for s in steps for t in s.tokens] == ar_tokens(pair.target, PROMPT, 40)
+    assert policy.report.fallbacks and policy.report.fallbacks[0][0] == 0
+    assert sum(s.drafted > 0 for s in steps) == policy.report.probes
+
+
+def test_calibration_is_cached_per_key(pair, tmp_path):
+    first = load_or_calibrate(pair, tmp_path, PROMPT)
+    assert not first.cached and first.path.exists()
+    record = json.loads(first.path.read_text())
+    assert record["key"] == calibration_key(pair)
+    assert set(first.costs.cycles) >= {2, pair.max_block_size}
+    assert all(v > 0 for v in first.costs.cycles.values()) and first.costs.plain > 0
+    again = load_or_calibrate(pair, tmp_path, PROMPT)
+    assert again.cached and again.costs == first.costs
+    # Another key (here: another backend name) is another file, measured anew.
+    key = dict(calibration_key(pair), backend="elsewhere")
+    assert key != record["key"]
+    assert load_or_calibrate(pair, tmp_path, PROMPT, recalibrate=True).cached is False
+
+
+def test_cycle_costs_are_made_non_decreasing():
+    assert _non_decreasing({2: 1.0, 4: 3.0, 8: 2.0, 16: 5.0}) == {2: 1.0, 4: 2.5, 8: 2.5, 16: 5.0}
+    assert _non_decreasing({2: 1.0, 4: 2.0}) == {2: 1.0, 4: 2.0}
