@@ -72,8 +72,12 @@ class Sandbox:
         self.before = snapshot(*self.watched)
 
     def touched(self) -> set:
-        """Paths created, changed or deleted since the sandbox was made."""
-        return changed(self.before, snapshot(*self.watched))
+        """Paths created, changed or deleted since the sandbox was made, except
+        the tool's own calibration cache (--block-size auto writes it on first
+        use, atomically, in the user's cache folder)."""
+        cache = str(self.home / ".cache")
+        return {p for p in changed(self.before, snapshot(*self.watched))
+                if not (p == cache or p.startswith(cache + "/dflash2-mlx"))}
 
     def start(self, args, stdin=subprocess.DEVNULL, close_stdin=False, preexec=None) -> subprocess.Popen:
         def before_exec():

@@ -9,6 +9,7 @@ through stdin and interrupts it with a real SIGINT.
 """
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -439,5 +440,6 @@ def test_entry_point_over_stdin_with_a_real_sigint():
     assert "Traceback" not in err and "error" not in out
     assert "interrupted" in out and "max_tokens = 5" in out
     assert "5 tokens · " in out and " cached)" in out and out.rstrip().endswith("bye")
-    second = [line for line in out.splitlines() if "5 tokens · " in line][0]
+    # The second turn's line: exactly 5 tokens (not the first turn's 15, 25, 45 …).
+    second = [line for line in out.splitlines() if re.search(r"(?<!\d)5 tokens · ", line)][0]
     assert ", 0 cached)" not in second  # the second turn reused the first one's caches

@@ -54,7 +54,9 @@ def test_ctrl_c_during_imports_is_one_line_and_130(box, pair):
 
 
 def test_ctrl_c_while_generating_json_prints_nothing_or_a_whole_object(box, pair):
-    args = ["generate", *pair_args(pair), "-p", "def f(x):", "-m", "100000", "--json"]
+    # A fixed block: the signal must land mid-generation, and --block-size auto decodes this
+    # tiny pair plainly, fast enough to reach its EOS within the wait.
+    args = ["generate", *pair_args(pair), "-p", "def f(x):", "-m", "100000", "--json", "--block-size", "16"]
     r = box.interrupt(args, lambda p: catching_sigint(p, 3.0))
     assert r.code == 130, r.err
     assert r.err_lines == ["error: interrupted"], r.err
@@ -419,4 +421,4 @@ def test_bench_progress_reaches_the_last_run(pair):
     calls = []
     run_bench(target, tokenizer, prompts, pairs=[p], block_sizes=[4], repeats=1, max_tokens=2,
               on_run=lambda done, total, info: calls.append((done, total)))
-    assert calls[-1][0] == calls[-1][1] == 2  # AR and DFlash 2 block 4: the bar ends at 2/2
+    assert calls[-1][0] == calls[-1][1] == 3  # AR, mlx-lm plain and DFlash 2 block 4: the bar ends at 3/3

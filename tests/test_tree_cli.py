@@ -33,7 +33,7 @@ def test_bench_sweeps_tree_rows_beside_the_chain(cli, tmp_path):
     assert code == 0, err
     record = json.loads(out)
     configs = {(r["mode"], r["block_size"]) for r in record["runs"]}
-    assert configs == {("ar", 1), ("dflash2", 4), ("dflash2-tree", 4), ("dflash2-tree", 8)}
+    assert configs == {("ar", 1), ("mlx-lm", 1), ("dflash2", 4), ("dflash2-tree", 4), ("dflash2-tree", 8)}
     assert all(r["identical_to_ar"] for r in record["runs"] if r["mode"] != "ar")
     assert "| DFlash 2 tree | 8 |" in md.read_text()
 
