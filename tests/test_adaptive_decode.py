@@ -50,6 +50,8 @@ def test_greedy_output_equals_plain_decoding(pair, sizes):
     assert sum(s.drafted > 0 for s in steps) == len(policy.observed)
     # At rest both caches hold every committed token but the last.
     assert cache.target[0].offset == len(cache.tokens) - 1 == cache.drafter[0].offset
+    # Rows the target ran: one per plain step, the block per cycle (τ per verify row reads them).
+    assert all(s.verify_rows == s.drafted + 1 for s in steps[1:])
 
 
 def test_plain_rows_reach_the_drafter_cache_before_the_next_draft(pair):

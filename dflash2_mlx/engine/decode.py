@@ -120,7 +120,7 @@ def _first_token(logits: mx.array, sampling: SamplingParams, transform, key) -> 
 
 
 def _plain_step(token: int) -> DecodeStep:
-    return DecodeStep((token,), (False,))
+    return DecodeStep((token,), (False,), verify_rows=1)  # one target row, like an AR step
 
 
 def _check_prompt(prompt) -> mx.array:
