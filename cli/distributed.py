@@ -53,10 +53,11 @@ def wants_ranks(processes: Optional[int], hostfile: Optional[str]) -> bool:
 
 
 def relaunch(model: str, processes: Optional[int], hostfile: Optional[str], prompt: Optional[str] = None,
-             relay_stdin: Optional[bytes] = None) -> None:
+             relay_stdin: Optional[bytes] = None, serving: bool = False) -> None:
     """Run this same command as ranks. `prompt`, when given, replaces the
     command's --prompt (the parent has read stdin: the ranks' stdin never ends).
-    A target on this disk that cannot be split is refused before any rank starts."""
+    A target on this disk that cannot be split is refused before any rank starts.
+    `serving`: Ctrl-C / SIGTERM here reach the ranks as SIGTERM (rank 0 drains)."""
     from dflash2_mlx.loading.preflight import check_local_target_splits
 
     if processes is not None and hostfile is not None:
@@ -65,7 +66,7 @@ def relaunch(model: str, processes: Optional[int], hostfile: Optional[str], prom
     argv = without_flags(sys.argv[1:], ("--processes", "--hostfile"))
     if prompt is not None:
         argv = without_flags(argv, ("--prompt", "-p")) + [f"--prompt={prompt}"]
-    run_distributed(argv, processes, hostfile, relay_stdin)
+    run_distributed(argv, processes, hostfile, relay_stdin, serving)
 
 
 # -- the parent ----------------------------------------------------------------------
@@ -184,7 +185,7 @@ GRACE_S = 5.0
 
 
 def run_distributed(argv: list[str], processes: Optional[int], hostfile: Optional[str],
-                    relay_stdin: Optional[bytes] = None) -> None:
+                    relay_stdin: Optional[bytes] = None, serving: bool = False) -> None:
     """Run `dflash2 ARGV` as ranks (N on this machine, or the hostfile's);
     returns when all ended cleanly, raises `DFlashError` with the one line otherwise."""
     from .launch import run_ranks
@@ -193,7 +194,7 @@ def run_distributed(argv: list[str], processes: Optional[int], hostfile: Optiona
     outcome = RankOutcome()
     status = run_ranks(count, argv, hostfile=hostfile, relay_stdin=relay_stdin,
                        on_stderr=lambda line: outcome.feed(line, sys.stderr),
-                       give_up=lambda: outcome.failed_for() > GRACE_S)
+                       give_up=lambda: outcome.failed_for() > GRACE_S, forward_signals=serving)
     message = outcome.failure(status)
     if message is not None:
         raise DFlashError(message)

@@ -50,7 +50,8 @@ def _deprioritize(pid: int) -> None:
 
 def run_ranks(processes: Optional[int], argv: list[str], wait_for_ranks_s: float = 60.0, *,
               hostfile: Optional[str] = None, on_stderr: Optional[Callable[[str], None]] = None,
-              relay_stdin: Optional[bytes] = None, give_up: Optional[Callable[[], bool]] = None) -> int:
+              relay_stdin: Optional[bytes] = None, give_up: Optional[Callable[[], bool]] = None,
+              forward_signals: bool = False) -> int:
     """Run `python -m dflash2_mlx.cli ARGV` as `processes` ring ranks on this
     machine, or as the ranks `hostfile` lists (mlx.launch's format and backend);
     returns the launcher's exit status.
@@ -61,12 +62,25 @@ def run_ranks(processes: Optional[int], argv: list[str], wait_for_ranks_s: float
     line at its end: mlx.launch never closes the ranks' stdin, so they see no EOF. `give_up()`, polled
     while the ranks run, may end the run: mlx.launch can wait forever on a rank
     that does not die when told to (a stopped process), so then every process
-    under the launcher is killed.
+    under the launcher is killed. `forward_signals`: the launcher runs in its
+    own session and SIGINT / SIGTERM here are sent on as SIGTERM to the ranks
+    only (the launcher would die of them at once and orphan its ranks); this
+    process then waits for the ranks to end as usual.
     """
     where = ["--hostfile", hostfile] if hostfile else ["-n", str(processes), "--backend", "ring"]
     command = [launcher_path(), *where, sys.executable, "-m", "dflash2_mlx.cli", *argv]
-    launcher = subprocess.Popen(command, stdin=subprocess.PIPE,
+    launcher = subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=forward_signals,
                                 stderr=subprocess.PIPE if on_stderr else None)
+    if forward_signals:
+        def forward(*_):
+            for child in _children(launcher.pid):  # the ranks (mlx.launch execs them)
+                try:
+                    os.kill(child, signal.SIGTERM)
+                except OSError:
+                    pass
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, forward)
     reader = _start(_read_lines, launcher.stderr, on_stderr) if on_stderr else None
     if relay_stdin is not None:
         _start(_copy_stdin, launcher.stdin, relay_stdin)  # daemon: may stay blocked on the user's terminal

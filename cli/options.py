@@ -195,7 +195,7 @@ def parse_template_config(raw: Optional[str]) -> dict:
         raise DFlashError("--chat-template-config must be a JSON object, e.g. '{\"enable_thinking\": false}'")
     return value
 
-# -- a target split over MLX distributed ranks (generate, chat) ---------------------------
+# -- a target split over MLX distributed ranks (generate, chat, serve) ---------------------
 Processes = Annotated[
     Optional[int],
     typer.Option("--processes", min=1,

@@ -11,6 +11,7 @@ import typer
 
 from dflash2_mlx.errors import DFlashError
 
+from . import distributed
 from . import options as o
 
 Host = Annotated[str, typer.Option("--host", help="Address to bind; anything but loopback needs --api-key or --allow-unauthenticated.")]
@@ -50,11 +51,18 @@ def serve(
     max_queue: MaxQueue = 32,
     chat_template_config: o.ChatTemplateConfig = None,
     ar: o.AR = False,
+    processes: o.Processes = None,
+    hostfile: o.Hostfile = None,
+    rank_timeout: o.RankTimeout = 300.0,
+    time_collectives: o.TimeCollectives = True,
     debug: o.Debug = False,
 ):
     """Serve the pair over HTTP: OpenAI (/v1/chat/completions, /v1/completions, /v1/models)
     and Anthropic (/v1/messages), with DFlash 2 decoding (or --ar), a prompt cache
-    across requests, /health and /metrics. Ctrl-C or SIGTERM drains and exits."""
+    across requests, /health and /metrics. Ctrl-C or SIGTERM drains and exits.
+
+    With --processes N or --hostfile FILE the target is split over N ranks;
+    rank 0 serves HTTP, the others run the same generations with it."""
     limit = parse_bytes(cache_bytes)
     if max_queue < 0:
         raise DFlashError(f"--max-queue {max_queue} must be 0 or more")
@@ -74,7 +82,11 @@ def serve(
                           "or pass --allow-unauthenticated to serve it open on purpose")
     template_kwargs = o.parse_template_config(chat_template_config)
     drafter = o.drafter_for(model, drafter, ar)
-    sock = bind(host, port)
+    if distributed.wants_ranks(processes, hostfile):
+        bind(host, port).close()  # a taken port: one line before any rank starts
+        return distributed.relaunch(model, processes, hostfile, serving=True)
+    rank = distributed.start_rank(rank_timeout) if distributed.in_rank() else None
+    sock = bind(host, port) if rank is None or rank.rank == 0 else None
 
     import uvicorn
 
@@ -84,16 +96,23 @@ def serve(
     from dflash2_mlx.serve.settings import ServeSettings
 
     def load():  # runs on the engine's thread (MLX streams are per thread)
-        pair, tokenizer = load_pair(model, drafter, draft_quant)
+        pair, tokenizer = load_pair(model, drafter, draft_quant, group=rank.group if rank else None,
+                                    time_collectives=time_collectives)
         # A bad value fails here, not per request; auto reads (or measures once) this machine's costs.
         from dflash2_mlx.text.prompt import build_prompt
         from dflash2_mlx.tools.suites import SUITES
 
         service.block_size, service.calibration = o.block_plan(
-            pair, block_size, build_prompt(tokenizer, SUITES["code"][0]), max_tokens, recalibrate, tree=0 if ar else tree)
+            pair, block_size, build_prompt(tokenizer, SUITES["code"][0]), max_tokens, recalibrate,
+            ranks=rank is not None, tree=0 if ar else tree)
         return pair, tokenizer
 
     service = EngineService(load, max_queue=max_queue, cache_bytes=limit, tree_rows=0 if ar else tree)
+    if rank is not None:
+        _join_ranks(service, rank)
+        if rank.rank != 0:
+            service.follow()  # until rank 0 sends the stop job
+            return
     print("loading models…", file=sys.stderr)
     pair, _ = service.start()
     settings = ServeSettings(model_id=model, api_key=api_key, max_prompt_tokens=max_prompt_tokens,
@@ -115,6 +134,33 @@ def serve(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     print("stopped", file=sys.stderr)
+
+
+def _join_ranks(service, rank) -> None:
+    """Wire the service to the other ranks (dflash2_mlx/serve/ranks.py). The
+    watchdog runs only while a generation does; a follower ignores SIGINT and
+    SIGTERM (rank 0 drains, then sends it the stop job)."""
+    import os
+
+    from dflash2_mlx.serve.ranks import JobChannel
+
+    from . import errors
+
+    def busy(on: bool) -> None:
+        if on:
+            rank.watch(service.pair.target)
+        else:
+            rank.watchdog.arm(None)
+
+    def fatal(message: str) -> None:
+        errors.fail(message)
+        sys.stderr.flush()
+        os._exit(1)
+
+    service.channel, service.on_busy, service.on_fatal = JobChannel(rank.group), busy, fatal
+    if rank.rank != 0:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def parse_bytes(text: str) -> int:

@@ -316,3 +316,36 @@ def test_chat_two_ranks_same_answers_and_cache_reuse():
     # The second turn prefilled only its new tokens on the ranks too.
     reuse = [re.findall(r"\((\d+) new, (\d+) cached\)", run.stdout) for run in runs]
     assert reuse[0] == reuse[1] and len(reuse[1]) == 2 and int(reuse[1][1][1]) > 0, reuse
+
+
+@pytest.mark.slow
+def test_serve_two_ranks_answers_as_one_process(tmp_path):
+    """`serve --processes 2`: rank 0 serves HTTP, rank 1 runs the same
+    generations; two chat turns at T=0 (the second continues from the prompt
+    cache) read as a one-process server's, and SIGTERM drains every rank."""
+    import openai
+
+    from serve_helpers import Server
+
+    args = ["--model", str(target_folder("qwen3")), "--drafter", str(drafter_folder("qwen3", "dflash2")),
+            "--block-size", "5", "--max-tokens", "10"]
+    servers = [Server(*args, tmp=tmp_path, wait=False), Server(*args, "--processes", "2", tmp=tmp_path, wait=False)]
+    try:
+        answers = []
+        for s in servers:
+            s.wait_ready()
+            client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+            messages, texts = [{"role": "user", "content": "def main():"}], []
+            for turn in ("    return", "print(1)"):
+                r = client.chat.completions.create(model=args[1], messages=messages, temperature=0)
+                texts.append((r.choices[0].message.content, r.usage.completion_tokens,
+                              r.usage.prompt_tokens_details.cached_tokens > 0,
+                              r.usage.model_extra["dflash2"]["target_passes"]))
+                messages += [{"role": "assistant", "content": texts[-1][0]}, {"role": "user", "content": turn}]
+            answers.append(texts)
+        assert sorted(_rank_pids(servers[1].proc.pid)) == [0, 1]  # still serving, over two ranks
+        assert answers[0] == answers[1] and answers[1][0][1] > 0 and answers[1][1][2], answers
+    finally:
+        outcomes = [s.stop() for s in servers]
+    for code, log in outcomes:
+        assert code == 0 and "Traceback" not in log and "error" not in log, log

@@ -48,6 +48,8 @@ class EngineService:
         prefill_step_size: int = 2048,
         tree_rows: int = 0,
         metrics: Optional[Metrics] = None,
+        channel=None,
+        on_busy: Optional[Callable[[bool], None]] = None,
     ):
         self._load = load
         self.max_queue = max_queue
@@ -57,6 +59,12 @@ class EngineService:
         self.calibration = calibration  # for block_size "auto" (measured per request when None)
         self.prefill_step_size = prefill_step_size
         self.metrics = metrics or Metrics()
+        # With the target split over ranks (serve/ranks.py): rank 0 sends each
+        # request through `channel` before running it; `on_busy(True/False)`
+        # arms and disarms the rank's watchdog around each generation.
+        self.channel = channel
+        self.on_busy = on_busy
+        self.on_fatal: Optional[Callable[[str], None]] = None  # with ranks: ends this rank
         self.pair: Optional[Pair] = None
         self.tokenizer = None
         self.pool: Optional[PromptCachePool] = None
@@ -123,6 +131,8 @@ class EngineService:
             while True:
                 job = self._queue.get()
                 if job is None:
+                    if self.channel is not None:
+                        self.channel.send(None)  # the followers return
                     return
                 self._busy = True
                 try:
@@ -142,18 +152,52 @@ class EngineService:
         return DecodeCache(pair.target.make_cache(), pair.drafter.make_cache() if pair.drafter is not None else None)
 
     def _run(self, job: Job) -> None:
-        request, tokenizer = job.request, self.tokenizer
+        request = job.request
         if job.cancelled.is_set():  # the client left while the request waited
             self.metrics.cancelled += 1
             return
+        channel = self.channel
+        if channel is not None:
+            request = channel.send(request)
+
+        def go() -> bool:
+            keep = not job.cancelled.is_set()
+            return keep if channel is None else channel.agree(keep)
+
+        outcome = self.generate(request, go, lambda n, cached: job.post(Started(n, cached)),
+                                lambda r: job.post(Delta(r.text, r.token)))
+        if isinstance(outcome, Failed):
+            job.post(outcome)
+            return
+        ids, cached, n, last, cancelled = outcome
+        eos = last is not None and last.token in set(getattr(self.tokenizer, "eos_token_ids", None) or [])
+        stats = None if cancelled or last is None else last.stats
+        finish = "cancelled" if cancelled else (last.finish_reason or "length")
+        self.metrics.record(len(ids), cached, n, stats, cancelled)
+        job.post(Finished(finish, len(ids), n, cached, eos, stats))
+
+    def follow(self) -> None:
+        """A follower rank: run every request rank 0 sends, as it does, until
+        the stop job (on the calling thread; `load` runs here too)."""
+        self.pair, self.tokenizer = self._load()
+        self.pool = PromptCachePool(self.cache_bytes, self._new_cache)
+        while (request := self.channel.receive()) is not None:
+            self.generate(request, lambda: self.channel.agree(True), lambda n, cached: None, lambda r: None)
+        mx.synchronize()
+
+    def generate(self, request: GenerationRequest, go: Callable[[], bool], started, delta):
+        """Run one request with the prompt cache pool; `go()` is asked before
+        each token is taken. Returns (ids, cached, n, last, cancelled) or `Failed`."""
         ids = list(request.prompt_ids)
         cache, reused = self.pool.take(ids)
         # The cache holds every reused token but the last, which is fed again.
         prompt = ids[reused - 1:] if reused else ids
         cached = len(ids) - len(prompt)
-        job.post(Started(len(ids), cached))
+        started(len(ids), cached)
+        if self.on_busy is not None:
+            self.on_busy(True)
         responses = stream_generate(
-            self.pair, tokenizer, prompt, max_tokens=request.max_tokens, sampling=request.sampling,
+            self.pair, self.tokenizer, prompt, max_tokens=request.max_tokens, sampling=request.sampling,
             block_size=self.block_size, calibration=self.calibration, stop=request.stop,
             prefill_step_size=self.prefill_step_size,
             prompt_cache=cache, tree_rows=self.tree_rows if self.pair.drafter is not None else 0,
@@ -161,27 +205,26 @@ class EngineService:
         n, last, cancelled = 0, None, False
         try:
             for r in responses:
-                if job.cancelled.is_set():
+                if not go():
                     cancelled = True
                     break
                 n, last = n + 1, r
-                job.post(Delta(r.text, r.token))
+                delta(r)
         except DFlashError as e:
-            job.post(Failed(str(e), 400))
-            return
+            return Failed(str(e), 400)
         except Exception as e:  # a bug: logged here, one line to the client
+            if self.channel is not None and self.on_fatal is not None:
+                # With ranks, most likely a lost peer: no later request could run either.
+                self.on_fatal(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             log.exception("generation failed")
-            job.post(Failed(f"internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
-            return
+            return Failed(f"internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         finally:
             responses.close()  # rewinds the caches to the tokens returned
+            if self.on_busy is not None:
+                self.on_busy(False)
         if _at_rest(cache):
             self.pool.put(cache)
-        eos = last is not None and last.token in set(getattr(tokenizer, "eos_token_ids", None) or [])
-        stats = None if cancelled or last is None else last.stats
-        finish = "cancelled" if cancelled else (last.finish_reason or "length")
-        self.metrics.record(len(ids), cached, n, stats, cancelled)
-        job.post(Finished(finish, len(ids), n, cached, eos, stats))
+        return ids, cached, n, last, cancelled
 
 
 def _at_rest(cache: DecodeCache) -> bool:
