@@ -259,7 +259,9 @@ def block_plan(pair, block_size, prompt_ids, max_tokens: int, recalibrate: bool 
         return pair.block_size(block_size, "--block-size"), None
     if ranks:
         return pair.block_size(None), None
-    if (max_tokens <= 1 or tree) and not recalibrate:
+    from dflash2_mlx.engine.adaptive import auto_decides
+
+    if (max_tokens <= 1 or not auto_decides(pair, block_size, tree)) and not recalibrate:
         return "auto", None  # no cycle will run, or none that auto decides
     from dflash2_mlx.engine.calibrate import calibration_path, load_or_calibrate
 

@@ -276,3 +276,10 @@ class BlockPolicy:
         loss = max(self.cycle_cost(B) / self.plain_cost() - self.acceptance.expected_tokens(B), 0.0)
         wait = math.ceil(loss / self.probe_budget) * (2 ** self._losing_probes)
         self._plain_left = max(1, min(wait, self.max_probe_interval))
+
+
+def auto_decides(pair, block_size, tree_rows: int = 0) -> bool:
+    """Whether `block_size="auto"` picks each cycle's block size for `pair`: it
+    needs a drafter and a chain (a tree drafts the drafter's fixed block, and
+    the cost model is the chain's), and is the one rule every caller asks."""
+    return block_size == "auto" and pair.drafter is not None and not tree_rows

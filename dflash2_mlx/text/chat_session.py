@@ -10,6 +10,7 @@ mlx-lm's prompt cache does. No UI here: the CLI drives `ask` and renders.
 from dataclasses import dataclass, replace
 from typing import Callable, Optional, Union
 
+from ..engine.adaptive import auto_decides
 from ..engine.calibrate import measure
 from ..engine.decode import DecodeCache
 from ..engine.pair import Pair
@@ -193,7 +194,7 @@ class ChatSession:
         held = len(self.cache.tokens)
         # The caches hold all reused tokens but the last, which is fed again.
         prompt = ids[reuse - 1:] if reuse else ids
-        if self.block_size == "auto" and self.drafter is not None and self.calibration is None and not self.tree_rows:
+        if self.calibration is None and auto_decides(self.pair, self.block_size, self.tree_rows):
             self.calibration = measure(self.pair, prompt)  # once per session (the CLI passes a cached one)
         responses = stream_generate(
             self.pair, self.tokenizer, prompt, max_tokens=self.max_tokens,

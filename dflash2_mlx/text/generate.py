@@ -12,6 +12,7 @@ from typing import Generator, Optional, Sequence, Union
 import mlx.core as mx
 
 from ..device import backend_name
+from ..engine.adaptive import auto_decides
 from ..engine.calibrate import Calibration, measure
 from ..engine.decode import DecodeCache, autoregressive_generate_step, speculative_generate_step
 from ..engine.pair import Pair
@@ -74,8 +75,7 @@ def stream_generate(
     ids = encode_prompt(tokenizer, prompt)
     eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
     profiler = profiler or CycleProfiler()
-    # Auto's cost model is the chain's: a tree (`tree_rows`) drafts the full block.
-    auto = block_size == "auto" and pair.drafter is not None and not tree_rows
+    auto = auto_decides(pair, block_size, tree_rows)
     B = pair.block_size(None if auto or block_size == "auto" else block_size)
     policy = None
     if auto and max_tokens > 1:
