@@ -208,7 +208,7 @@ def speculative_generate_step(
                 pending.clear()
                 cache.last_verify = None  # trees run on attention caches only: they trim
                 tree = tree_cycle(pair, cache, anchor, fed, block=B, rows=tree_rows, sampling=sampling,
-                                  transform=transform, key=k_accept, left=max_tokens - generated,
+                                  transform=transform, key=k_accept, left=left,
                                   profiler=profiler)
                 pending.append(tree.pending)
                 tokens = tree.tokens
