@@ -1,4 +1,5 @@
-"""What `dflash2 generate` prints: streamed text and mlx-lm's closing lines.
+"""What `dflash2 generate` prints: streamed text, the built-in pair's notice and
+mlx-lm's closing lines.
 
 Plain stdout, no Rich: streamed code must keep its exact characters, and the
 most common command should not pay for importing Rich (cli/ui.py re-exports
@@ -7,11 +8,29 @@ these for the other commands).
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the library loads MLX: not needed to print
     from dflash2_mlx.text.stats import GenerationStats
+
+
+def note(message: str) -> None:
+    """A muted one-line note on stderr (dim on a terminal), as `ui.status` prints
+    it, without Rich's import."""
+    dim = sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
+    sys.stderr.write(f"\x1b[2m{message}\x1b[0m\n" if dim else f"{message}\n")
+    sys.stderr.flush()
+
+
+def builtin_notice(target) -> str:
+    """Why the built-in pair's text reads oddly (its size counted, not typed in)."""
+    from mlx.utils import tree_flatten
+
+    params = sum(v.size for _, v in tree_flatten(target.model.parameters()))
+    return (f"the built-in pair is a demo: a {params / 1e6:.1f}M-parameter target trained on the Python standard "
+            "library, so expect odd text; pass --model and --drafter for a real pair")
 
 
 def stream_text(text: str) -> None:

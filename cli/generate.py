@@ -64,9 +64,7 @@ def generate(
     if rank is not None:
         rank.watch(pair.target)
     if model == "builtin" and not json_output:
-        from . import ui  # Rich: only for this notice (the stream and closing lines are plain stdout)
-
-        ui.status(ui.builtin_notice(pair.target))
+        closing.note(closing.builtin_notice(pair.target))
     ids = build_prompt(tokenizer, text, system_prompt, not ignore_chat_template, template_kwargs)
     block_size, calibration = o.block_plan(pair, block_size, ids, max_tokens, recalibrate,
                                            ranks=rank is not None, tree=0 if ar else tree)

@@ -14,7 +14,9 @@ from rich.console import Console
 
 from dflash2_mlx.text.modes import mode_name, short_mode_name
 
-from .closing import block_label, block_lines, closing_lines, print_closing, stream_text  # noqa: F401  (re-exported)
+from .closing import (  # noqa: F401  (re-exported)
+    block_label, block_lines, builtin_notice, closing_lines, print_closing, stream_text,
+)
 
 if TYPE_CHECKING:  # the library loads MLX: not needed to draw
     from dflash2_mlx.text.stats import GenerationStats
@@ -27,15 +29,6 @@ def status(message: str) -> None:
     from rich.text import Text
 
     err_console.print(Text(message, style="dim"), soft_wrap=True)
-
-
-def builtin_notice(target) -> str:
-    """Why the built-in pair's text reads oddly (its size counted, not typed in)."""
-    from mlx.utils import tree_flatten
-
-    params = sum(v.size for _, v in tree_flatten(target.model.parameters()))
-    return (f"the built-in pair is a demo: a {params / 1e6:.1f}M-parameter target trained on the Python standard "
-            "library, so expect odd text; pass --model and --drafter for a real pair")
 
 
 def progress_note(message: str) -> None:

@@ -20,7 +20,7 @@ from .pair import Pair
 from .plain_steps import plain_steps
 from .profile import CycleProfiler
 from .propose import propose
-from .sampling import SamplingParams, greedy_token, make_key, make_logprobs_transform
+from .sampling import SamplingParams, greedy_token, make_key, make_logprobs_transform, split_key
 from .tree_decode import tree_cycle, tree_rows_for
 from .verify import accept_greedy, accept_sampled
 
@@ -169,7 +169,7 @@ def speculative_generate_step(
     cache = prompt_cache or DecodeCache(target.make_cache(), drafter.make_cache())
     profiler = profiler or CycleProfiler()
     transform = make_logprobs_transform(sampling)
-    key = make_key(sampling.seed)
+    key = make_key(sampling)
     if prompt_cache is not None:
         _check_continuation(prompt_cache, prompt)
     tree_rows = tree_rows_for(pair, tree_rows)
@@ -179,7 +179,7 @@ def speculative_generate_step(
     def sample(logits, key):
         return _first_token(logits, sampling, transform, key)
 
-    key, sub = mx.random.split(key)
+    key, sub = split_key(key)
     first = sample(_prefill(prompt, pair, cache, prefill_step_size), sub)
     anchor = first.item()
     # A continuing call's prompt starts with the cache's last token (committed,
@@ -201,7 +201,7 @@ def speculative_generate_step(
                 generated += n
                 continue
             profiler.start()
-            key, k_draft, k_accept = mx.random.split(key, 3)
+            key, k_draft, k_accept = split_key(key, 3)
             if tree_rows:
                 # The drafter takes `pending` into its cache: never append it twice.
                 fed = _joined(pending)
@@ -283,7 +283,7 @@ def autoregressive_generate_step(
         _check_continuation(prompt_cache, prompt)
     cache = prompt_cache or DecodeCache(target.make_cache())
     transform = make_logprobs_transform(sampling)
-    key = make_key(sampling.seed)
+    key = make_key(sampling)
 
     undo = None  # of the latest step, to undo the look-ahead
 
@@ -292,7 +292,7 @@ def autoregressive_generate_step(
         logits, _, undo = target.forward_undoable(token.reshape(1, 1), cache.target)
         return _first_token(logits[0, -1], sampling, transform, key)
 
-    key, sub = mx.random.split(key)
+    key, sub = split_key(key)
     y = _first_token(_prefill(prompt, pair.without_drafter(), cache, prefill_step_size), sampling, transform, sub)
     # A continuing call's prompt starts with the cache's last token (committed,
     # not yet run): record it once.
@@ -302,7 +302,7 @@ def autoregressive_generate_step(
         while True:
             next_y = None
             if generated + 1 < max_tokens:
-                key, sub = mx.random.split(key)
+                key, sub = split_key(key)
                 next_y = step(y, sub)
                 mx.async_eval(next_y)
             token = y.item()

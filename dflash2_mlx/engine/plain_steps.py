@@ -14,6 +14,7 @@ from typing import Callable, Generator
 import mlx.core as mx
 
 from .pair import Pair
+from .sampling import split_key
 
 # Pending rows pushed into the drafter cache at once during long plain runs
 # (bounds the memory the captured features hold).
@@ -51,7 +52,7 @@ def plain_steps(
 
     # The cache no longer ends with the last verified block (recurrent rewinds need that).
     cache.last_verify = None
-    key, sub = mx.random.split(key)
+    key, sub = split_key(key)
     current = step(mx.array([anchor], dtype=mx.int32), sub)
     n = 0
     try:
@@ -61,7 +62,7 @@ def plain_steps(
             # step can be launched first.
             decided = next_block(tokens_left) if tokens_left > 0 else 0
             if decided == 1:
-                key, sub = mx.random.split(key)
+                key, sub = split_key(key)
                 launched = step(current[0], sub)
             token = fetch(current[0], "plain")
             pending.append(current[1])

@@ -74,8 +74,23 @@ def greedy_token(logits: mx.array) -> mx.array:
     return mx.argmax(logits, axis=-1).astype(mx.int32)
 
 
-def make_key(seed: Optional[int]) -> mx.array:
-    """A PRNG key from the seed, or from MLX's global generator when unseeded."""
+def make_key(sampling: "SamplingParams") -> Optional[mx.array]:
+    """A PRNG key from the seed, or from MLX's global generator when unseeded.
+
+    None for greedy decoding, which draws nothing: a key split every step and
+    never read would only grow an unevaluated graph, one node per token, and
+    add its ops to every step's evaluation.
+    """
+    if sampling.greedy:
+        return None
+    seed = sampling.seed
     if seed is None:
         seed = int(mx.random.randint(0, 2**31 - 1, ()).item())
     return mx.random.key(seed)
+
+
+def split_key(key: Optional[mx.array], num: int = 2) -> tuple:
+    """`mx.random.split` into `num` keys; a greedy decode's None key stays None."""
+    if key is None:
+        return (None,) * num
+    return tuple(mx.random.split(key, num))

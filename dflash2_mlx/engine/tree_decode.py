@@ -12,6 +12,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import DFlashError
+from .sampling import split_key
 from .tree import DraftTree, build_tree, lattice_logprobs, sample_spine
 from .tree_verify import accept_tree, branch_blocker, commit, tree_forward, tree_views
 
@@ -59,8 +60,8 @@ def tree_cycle(pair, cache, anchor: int, pending, *, block: int, rows: int, samp
     # The search is a host loop over one small array: this cycle's first sync.
     # (Token ids travel as float32: exact below 2**24.)
     T, K = cand.shape
-    key, k_spine = mx.random.split(key)
-    uniforms = mx.random.uniform(shape=(T,), key=k_spine)
+    key, k_spine = split_key(key)
+    uniforms = mx.zeros((T,)) if sampling.greedy else mx.random.uniform(shape=(T,), key=k_spine)
     flat = profiler.fetch(mx.concatenate([logq.reshape(-1), cand.reshape(-1).astype(mx.float32), uniforms]),
                           phase="build")
     flat = np.asarray(flat, dtype=np.float32)
