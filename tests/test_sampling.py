@@ -150,3 +150,19 @@ def test_wrong_acceptance_rule_fails_the_same_test(pair, monkeypatch):
     p = gof_pvalue(sample_counts(_spec(target, drafters["dflash2"], settings)), table)
     print(f"wrong rule: chi-square p = {p:.3g}")
     assert p < ALPHA, f"the wrong rule passed: chi-square p = {p:.2e}"
+
+
+@pytest.mark.parametrize("kind", ["ar", "dflash2"])
+def test_greedy_decoding_draws_nothing_from_the_generator(kind):
+    """Greedy decoding is deterministic without a key: it must not take one from
+    MLX's global generator (nor split one every step, which grew an unevaluated
+    graph a node per token), so a caller's seeded stream is left where it was."""
+    target, cfg = tiny_target()
+    pair = Pair.make(target, None if kind == "ar" else tiny_drafter(cfg, kind))
+    step = autoregressive_generate_step if kind == "ar" else speculative_generate_step
+    mx.random.seed(123)
+    expected = mx.random.uniform(shape=(4,))
+    mx.random.seed(123)
+    tokens = [t for s in step(PROMPT, pair, max_tokens=12, sampling=SamplingParams()) for t in s.tokens]
+    assert len(tokens) == 12
+    assert mx.array_equal(mx.random.uniform(shape=(4,)), expected)
