@@ -55,6 +55,7 @@ def plain_steps(
     key, sub = split_key(key)
     current = step(mx.array([anchor], dtype=mx.int32), sub)
     n = 0
+    rows = sum(f.shape[1] for f in pending)  # counted once, not per token
     try:
         while True:
             tokens_left -= 1
@@ -66,7 +67,10 @@ def plain_steps(
                 launched = step(current[0], sub)
             token = fetch(current[0], "plain")
             pending.append(current[1])
-            _maybe_flush(drafter, cache, pending)
+            rows += 1
+            if rows >= FLUSH_ROWS:
+                _flush(drafter, cache, pending)
+                rows = 0
             cache.tokens.append(token)
             n += 1
             yield make_step(token)
@@ -78,9 +82,7 @@ def plain_steps(
             target.rollback(cache.target, launched[2], keep=0)
 
 
-def _maybe_flush(drafter, cache, pending: list) -> None:
-    if sum(f.shape[1] for f in pending) < FLUSH_ROWS:
-        return
+def _flush(drafter, cache, pending: list) -> None:
     drafter.append_context(mx.concatenate(pending, axis=1), cache.drafter)
     mx.async_eval([c.state for c in cache.drafter])
     pending.clear()
