@@ -22,7 +22,7 @@ if [ "$DRY" = 0 ]; then
   FIND=()
   [ -n "${WHEELS:-}" ] && FIND=(--no-index --find-links "$WHEELS")
   # The package without its CPU MLX pin, then MLX for CUDA 13 (mlx + mlx-cuda-13).
-  if ! timeout 300 $PY -m pip install -q "${FIND[@]}" "mlx[cuda13]==0.32.4" "mlx-lm>=0.32" typer rich safetensors \
+  if ! timeout 300 $PY -m pip install -q "${FIND[@]}" "mlx[cuda13]==0.32.4" "mlx-lm>=0.32" "typer>=0.27.3,<0.29" rich safetensors \
        && timeout 120 $PY -m pip install -q --no-deps -e .; then
     say "could not install mlx[cuda13]==0.32.4: give a folder of wheels with WHEELS=... (this machine may have no network)"
     exit 2
