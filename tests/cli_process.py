@@ -81,6 +81,10 @@ class Sandbox:
 
     def start(self, args, stdin=subprocess.DEVNULL, close_stdin=False, preexec=None) -> subprocess.Popen:
         def before_exec():
+            # A test runner started in the background (`cmd &` in a script) may hand
+            # down an ignored SIGINT, and Python then installs no Ctrl-C handler:
+            # the command gets the disposition a terminal would give it.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             if close_stdin:
                 os.close(0)
             if preexec:

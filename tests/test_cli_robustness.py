@@ -76,10 +76,15 @@ def test_interrupts_deferred_lets_a_write_finish():
     from dflash2_mlx.cli.stdio import interrupts_deferred
 
     done = []
-    with pytest.raises(KeyboardInterrupt):
-        with interrupts_deferred():
-            os.kill(os.getpid(), signal.SIGINT)
-            done.append("written")  # the handler ran, but only recorded the signal
+    # Python's own handler, even when this runner inherited an ignored SIGINT.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with interrupts_deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                done.append("written")  # the handler ran, but only recorded the signal
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert done == ["written"]
 
 
