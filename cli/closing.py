@@ -17,8 +17,8 @@ if TYPE_CHECKING:  # the library loads MLX: not needed to print
 
 
 def note(message: str) -> None:
-    """A muted one-line note on stderr (dim on a terminal), as `ui.status` prints
-    it, without Rich's import."""
+    """A muted note on stderr: one line whatever the width, dim on a terminal,
+    never read as markup (`ui.status` for the Rich commands)."""
     dim = sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
     sys.stderr.write(f"\x1b[2m{message}\x1b[0m\n" if dim else f"{message}\n")
     sys.stderr.flush()

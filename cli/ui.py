@@ -17,18 +17,12 @@ from dflash2_mlx.text.modes import mode_name, short_mode_name
 from .closing import (  # noqa: F401  (re-exported)
     block_label, block_lines, builtin_notice, closing_lines, print_closing, stream_text,
 )
+from .closing import note as status  # muted stderr notes: one implementation, no Rich needed
 
 if TYPE_CHECKING:  # the library loads MLX: not needed to draw
     from dflash2_mlx.text.stats import GenerationStats
 
 err_console = Console(stderr=True, highlight=False)
-
-
-def status(message: str) -> None:
-    """A muted note on stderr: one line, whatever the width; the text is never read as markup."""
-    from rich.text import Text
-
-    err_console.print(Text(message, style="dim"), soft_wrap=True)
 
 
 def progress_note(message: str) -> None:
