@@ -22,8 +22,8 @@ import time
 import mlx.core as mx
 
 from dflash2_mlx.kernels import registry as kernels
-from dflash2_mlx.engine.conv import two_tap_conv_ops
-from dflash2_mlx.engine.selector import path_select_ops
+from dflash2_mlx.engine.drafter.conv import two_tap_conv_ops
+from dflash2_mlx.engine.drafter.selector import path_select_ops
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 

@@ -26,13 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlx.core as mx  # noqa: E402
 
-from dflash2_mlx.engine.caches import RecurrentCache, WindowKVCache  # noqa: E402
-from dflash2_mlx.engine.decode import speculative_generate_step  # noqa: E402
+from dflash2_mlx.engine.target.caches import RecurrentCache, WindowKVCache  # noqa: E402
+from dflash2_mlx.engine.decode.loop import speculative_generate_step  # noqa: E402
 from dflash2_mlx.device import backend_name  # noqa: E402
 from dflash2_mlx.engine.pair import Pair  # noqa: E402
 from dflash2_mlx.loading.checkpoints import load_target  # noqa: E402
 from dflash2_mlx.tools.synthetic import drafter_config_dict, random_drafter, write_target  # noqa: E402
-from dflash2_mlx.engine.target import Target  # noqa: E402
+from dflash2_mlx.engine.target.adapter import Target  # noqa: E402
 
 B = 16
 LINEAR = dict(linear_num_value_heads=8, linear_num_key_heads=4, linear_key_head_dim=64,

@@ -29,8 +29,8 @@ import corpus  # noqa: E402  (the built-in target's train / held-out split)
 import mlx.core as mx  # noqa: E402
 
 from dflash2_mlx.device import backend_name  # noqa: E402
-from dflash2_mlx.engine.decode import autoregressive_generate_step, speculative_generate_step  # noqa: E402
-from dflash2_mlx.engine.profile import CycleProfiler  # noqa: E402
+from dflash2_mlx.engine.decode.loop import autoregressive_generate_step, speculative_generate_step  # noqa: E402
+from dflash2_mlx.engine.decode.profile import CycleProfiler  # noqa: E402
 from dflash2_mlx.engine.sampling import SamplingParams  # noqa: E402
 from dflash2_mlx.files import atomic_write_text  # noqa: E402
 from dflash2_mlx.loading.load_pair import load_pair  # noqa: E402

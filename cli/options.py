@@ -131,7 +131,7 @@ def import_engine() -> None:
         return
     gc.disable()
     try:
-        import dflash2_mlx.engine.decode  # noqa: F401  (mlx, mlx_lm, transformers)
+        import dflash2_mlx.engine.decode.loop  # noqa: F401  (mlx, mlx_lm, transformers)
         import dflash2_mlx.loading.load_pair  # noqa: F401
         import dflash2_mlx.text.generate  # noqa: F401
     finally:
@@ -286,11 +286,11 @@ def block_plan(pair, block_size, prompt_ids, max_tokens: int, recalibrate: bool 
         return pair.block_size(block_size, "--block-size"), None
     if ranks:
         return pair.block_size(None), None
-    from dflash2_mlx.engine.adaptive import auto_decides
+    from dflash2_mlx.engine.adaptive.policy import auto_decides
 
     if (max_tokens <= 1 or not auto_decides(pair, block_size, tree)) and not recalibrate:
         return "auto", None  # no cycle will run, or none that auto decides
-    from dflash2_mlx.engine.calibrate import calibration_path, load_or_calibrate
+    from dflash2_mlx.engine.adaptive.calibrate import calibration_path, load_or_calibrate
 
     from . import ui
 

@@ -20,10 +20,10 @@ _PUBLIC = {
     "GenerationResponse": "text.generate",
     "GenerationStats": "text.stats",
     "SamplingParams": "engine.sampling",
-    "DecodeCache": "engine.decode",
+    "DecodeCache": "engine.decode.loop",
     "ChatSession": "text.chat_session",
-    "speculative_generate_step": "engine.decode",
-    "autoregressive_generate_step": "engine.decode",
+    "speculative_generate_step": "engine.decode.loop",
+    "autoregressive_generate_step": "engine.decode.loop",
     "DFlashError": "errors",
 }
 

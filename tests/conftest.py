@@ -38,7 +38,7 @@ def scaled_released_config(kind: str, target_cfg: dict, nested: dict | None = No
     Every other key (and where it sits: top level or `dflash_config`) is kept.
     `nested` overrides `dflash_config` entries, `top` top-level ones.
     """
-    from dflash2_mlx.engine.config import default_target_layer_ids
+    from dflash2_mlx.engine.drafter.config import default_target_layer_ids
 
     cfg = copy.deepcopy(released_config(kind))
     H, n_target, V = target_cfg["hidden_size"], target_cfg["num_hidden_layers"], target_cfg["vocab_size"]

@@ -14,7 +14,7 @@ import hashlib
 import mlx.core as mx
 import numpy as np
 
-from dflash2_mlx.engine.decode import autoregressive_generate_step, speculative_generate_step
+from dflash2_mlx.engine.decode.loop import autoregressive_generate_step, speculative_generate_step
 from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.engine.sampling import SamplingParams
 

@@ -10,7 +10,7 @@ import mlx.core as mx
 import numpy as np
 
 from dflash2_mlx.engine.pair import Pair
-from dflash2_mlx.engine.drafter import Drafter
+from dflash2_mlx.engine.drafter.model import Drafter
 from dflash2_mlx.loading.checkpoints import load_drafter, load_target
 from dflash2_mlx.tools.synthetic import drafter_config_dict, write_drafter, write_target
 
@@ -45,7 +45,7 @@ def load_pair_for(family="qwen3", kind="dflash2", quantize_bits=None, **cfg):
 
 
 def ar_tokens(target, prompt, n):
-    from dflash2_mlx.engine.decode import autoregressive_generate_step
+    from dflash2_mlx.engine.decode.loop import autoregressive_generate_step
 
     return [s.tokens[0] for s in autoregressive_generate_step(prompt, Pair.make(target), max_tokens=n)]
 

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from dflash2_mlx.engine.adaptive import AcceptanceEstimate, BlockPolicy, CostTable
+from dflash2_mlx.engine.adaptive.policy import AcceptanceEstimate, BlockPolicy, CostTable
 
 
 def accepted_run(rng, alphas, drafted):

@@ -6,9 +6,9 @@ import json
 import mlx.core as mx
 import pytest
 
-from dflash2_mlx.engine.adaptive import AcceptanceEstimate, BlockPolicy, CostTable
-from dflash2_mlx.engine.calibrate import _non_decreasing, calibration_key, load_or_calibrate
-from dflash2_mlx.engine.decode import DecodeCache, speculative_generate_step
+from dflash2_mlx.engine.adaptive.policy import AcceptanceEstimate, BlockPolicy, CostTable
+from dflash2_mlx.engine.adaptive.calibrate import _non_decreasing, calibration_key, load_or_calibrate
+from dflash2_mlx.engine.decode.loop import DecodeCache, speculative_generate_step
 from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.engine.sampling import SamplingParams
 

@@ -4,6 +4,12 @@ Every import inside the package (module level or inside a function) is an
 edge. The graph must have no cycle, and an edge between two rooms must point
 down: cli → tools → train → text / loading → engine → kernels → ground.
 `text` and `loading` sit side by side and do not import each other.
+
+Inside `engine/` the sub-rooms have ranks of their own (docs/architecture.md):
+the shared rules (sampling, window, logit transform) at the bottom; `target/`
+and `drafter/` beside each other (neither imports the other); `pair` above
+both; the decode room's state and cycle pieces; `tree/`, which uses that state
+but not the loop; the decode loop; `adaptive/` on top.
 """
 
 import ast
@@ -18,6 +24,18 @@ SOURCES = {ROOT / "dflash2_mlx": PACKAGE, ROOT / "cli": f"{PACKAGE}.cli", ROOT /
 # Room -> rank; an import may only go to a lower rank (or stay in its room).
 RANKS = {"ground": 0, "metal": 0, "kernels": 1, "engine": 2, "loading": 3, "text": 3,
          "train": 4, "tools": 5, "serve": 5, "cli": 6}
+# Engine sub-room -> rank, by the longest matching module prefix. Equal ranks
+# in different sub-rooms may not import each other.
+ENGINE = "dflash2_mlx.engine"
+ENGINE_RANKS = {
+    f"{ENGINE}.sampling": 0, f"{ENGINE}.window": 0, f"{ENGINE}.logit_transform": 0,
+    f"{ENGINE}.target": 1, f"{ENGINE}.drafter": 1,
+    f"{ENGINE}.pair": 2,
+    f"{ENGINE}.decode": 3,
+    f"{ENGINE}.tree": 4,
+    f"{ENGINE}.decode.loop": 5,
+    f"{ENGINE}.adaptive": 6,
+}
 # The package root re-exports the public API lazily (by name, not by import).
 FACADE = PACKAGE
 
@@ -72,6 +90,63 @@ def room(module: str) -> str:
     return parts[1]
 
 
+def engine_room(module: str) -> str:
+    """The engine sub-room of `module` (the longest listed prefix); "" outside them."""
+    best = ""
+    for prefix in ENGINE_RANKS:
+        if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > len(best):
+            best = prefix
+    return best
+
+
+def engine_upward_edges(graph: dict[str, set[str]]) -> list[str]:
+    """Edges between engine sub-rooms that do not point to a lower rank."""
+    bad = []
+    for src, dsts in graph.items():
+        a = engine_room(src)
+        for dst in dsts:
+            b = engine_room(dst)
+            if a and b and a != b and ENGINE_RANKS[b] >= ENGINE_RANKS[a]:
+                bad.append(f"{src} ({a}) imports {dst} ({b})")
+    return sorted(bad)
+
+
+def test_every_engine_module_has_a_sub_room():
+    loose = [m for m in module_files() if m.startswith(ENGINE + ".") and not engine_room(m)]
+    assert loose == []
+
+
+def test_engine_sub_rooms_only_import_down():
+    assert engine_upward_edges(import_graph()) == []
+
+
+@pytest.mark.parametrize("src, dst", [
+    # Each inner rule must be able to fail on a planted violation.
+    (f"{ENGINE}.target.adapter", f"{ENGINE}.drafter.model"),  # siblings
+    (f"{ENGINE}.drafter.model", f"{ENGINE}.target.adapter"),
+    (f"{ENGINE}.target.caches", f"{ENGINE}.pair"),  # below the pair
+    (f"{ENGINE}.pair", f"{ENGINE}.decode.state"),
+    (f"{ENGINE}.tree.cycle", f"{ENGINE}.decode.loop"),  # the tree uses state, not the loop
+    (f"{ENGINE}.decode.chain", f"{ENGINE}.tree.build"),  # the chain knows no tree
+    (f"{ENGINE}.decode.loop", f"{ENGINE}.adaptive.policy"),  # the loop takes a policy, imports none
+    (f"{ENGINE}.sampling", f"{ENGINE}.target.adapter"),  # the rules are the floor
+    (f"{ENGINE}.window", f"{ENGINE}.drafter.model"),
+])
+def test_engine_rules_catch_planted_violations(src, dst):
+    planted = {src: {dst}, dst: set()}
+    assert engine_upward_edges(planted) == [f"{src} ({engine_room(src)}) imports {dst} ({engine_room(dst)})"]
+
+
+@pytest.mark.parametrize("src, dst", [
+    (f"{ENGINE}.tree.cycle", f"{ENGINE}.decode.state"),
+    (f"{ENGINE}.decode.loop", f"{ENGINE}.tree.cycle"),
+    (f"{ENGINE}.pair", f"{ENGINE}.target.adapter"),
+    (f"{ENGINE}.adaptive.calibrate", f"{ENGINE}.decode.loop"),
+])
+def test_engine_rules_allow_the_arrows_down(src, dst):
+    assert engine_upward_edges({src: {dst}, dst: set()}) == []
+
+
 def upward_edges(graph: dict[str, set[str]]) -> list[str]:
     bad = []
     for src, dsts in graph.items():
@@ -121,8 +196,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_is_read():
     graph = import_graph()
     # A few edges every version of the package has: the reader must see them.
-    assert "dflash2_mlx.engine.pair" in graph["dflash2_mlx.engine.decode"]
-    assert "dflash2_mlx.kernels.registry" in graph["dflash2_mlx.engine.conv"]
+    assert "dflash2_mlx.engine.pair" in graph["dflash2_mlx.engine.decode.loop"]
+    assert "dflash2_mlx.kernels.registry" in graph["dflash2_mlx.engine.drafter.conv"]
     assert any(d.startswith("dflash2_mlx.loading") for d in graph["dflash2_mlx.cli.generate"])
     assert len(graph) > 60
 
@@ -156,9 +231,9 @@ def test_the_library_never_reads_environment_variables():
 
 @pytest.mark.parametrize("graph, found", [
     # The checks themselves must be able to fail.
-    ({"dflash2_mlx.engine.decode": {"dflash2_mlx.tools.bench"}, "dflash2_mlx.tools.bench": set()}, "up"),
+    ({"dflash2_mlx.engine.decode.loop": {"dflash2_mlx.tools.bench"}, "dflash2_mlx.tools.bench": set()}, "up"),
     ({"dflash2_mlx.text.generate": {"dflash2_mlx.loading.hub"}, "dflash2_mlx.loading.hub": set()}, "up"),
-    ({"dflash2_mlx.kernels.metal": {"dflash2_mlx.engine.conv"}, "dflash2_mlx.engine.conv": set()}, "up"),
+    ({"dflash2_mlx.kernels.metal": {"dflash2_mlx.engine.drafter.conv"}, "dflash2_mlx.engine.drafter.conv": set()}, "up"),
     ({"dflash2_mlx.engine.a": {"dflash2_mlx.engine.b"}, "dflash2_mlx.engine.b": {"dflash2_mlx.engine.a"}}, "cycle"),
     ({"dflash2_mlx.cli.x": {"dflash2_mlx.engine.a"}, "dflash2_mlx.engine.a": set()}, None),
 ])

@@ -9,7 +9,7 @@ import pytest
 import mlx.core as mx
 from mlx_lm.models.cache import RotatingKVCache
 
-from dflash2_mlx.engine.caches import WindowKVCache
+from dflash2_mlx.engine.target.caches import WindowKVCache
 
 W, MAX_BLOCK, H, D = 6, 4, 2, 8
 

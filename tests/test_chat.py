@@ -142,7 +142,7 @@ def test_engine_contract_second_turn_stop_inside_a_block(pair):
     """What the session relies on: a continuing call records its prompt's first
     token (the last one cached) once, and a stop inside a verified block on a
     later turn rewinds the caches to exactly the tokens returned."""
-    from dflash2_mlx.engine.decode import DecodeCache
+    from dflash2_mlx.engine.decode.loop import DecodeCache
 
     target, tokenizer, drafter = pair
     cache = DecodeCache(target.make_cache(), drafter.make_cache())

@@ -5,8 +5,8 @@ import copy
 import pytest
 
 from conftest import released_config
-from dflash2_mlx.engine.config import DrafterConfig, default_target_layer_ids
-from dflash2_mlx.engine.drafter import Drafter
+from dflash2_mlx.engine.drafter.config import DrafterConfig, default_target_layer_ids
+from dflash2_mlx.engine.drafter.model import Drafter
 from dflash2_mlx.errors import ConfigError, DFlashError
 
 # -- the default layer-id formula ------------------------------------------------

@@ -267,7 +267,7 @@ def test_timed_projection_is_the_sharded_one_bitwise():
     import mlx.nn as nn
     from mlx.nn.layers.distributed import shard_linear
 
-    from dflash2_mlx.engine.collectives import CollectiveClock, TimedShardedToAll, instrument
+    from dflash2_mlx.engine.target.collectives import CollectiveClock, TimedShardedToAll, instrument
 
     group = mx.distributed.init()
     mx.random.seed(0)

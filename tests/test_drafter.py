@@ -5,10 +5,10 @@ import mlx.core as mx
 import numpy as np
 
 from dflash2_mlx.engine.pair import declared_transform
-from dflash2_mlx.engine.config import DrafterConfig
-from dflash2_mlx.engine.conv import two_tap_conv_ops
-from dflash2_mlx.engine.drafter import Drafter
-from dflash2_mlx.engine.propose import propose
+from dflash2_mlx.engine.drafter.config import DrafterConfig
+from dflash2_mlx.engine.drafter.conv import two_tap_conv_ops
+from dflash2_mlx.engine.drafter.model import Drafter
+from dflash2_mlx.engine.drafter.propose import propose
 from dflash2_mlx.engine.sampling import SamplingParams, make_logprobs_transform
 from dflash2_mlx.tools.synthetic import drafter_config_dict, random_drafter
 from helpers import load_pair_for, target_config

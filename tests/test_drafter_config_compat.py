@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import released_config
-from dflash2_mlx.engine.config import DrafterConfig
-from dflash2_mlx.engine.drafter import Drafter, DrafterMLP
+from dflash2_mlx.engine.drafter.config import DrafterConfig
+from dflash2_mlx.engine.drafter.model import Drafter, DrafterMLP
 from dflash2_mlx.errors import ConfigError
 from dflash2_mlx.loading.checkpoints import load_drafter
 from dflash2_mlx.tools.synthetic import drafter_config_dict, write_drafter
@@ -109,7 +109,7 @@ def test_attention_bias_covers_o_proj_and_loads(tmp_path):
     x = mx.array(rng.normal(size=(1, 4, cfg["hidden_size"])).astype(np.float32))
     ctx = mx.array(rng.normal(size=(1, 6, cfg["hidden_size"])).astype(np.float32))
 
-    from dflash2_mlx.engine.drafter import CachedContext
+    from dflash2_mlx.engine.drafter.model import CachedContext
     from mlx_lm.models.cache import KVCache
 
     bias = mx.array(rng.normal(size=(cfg["hidden_size"],)).astype(np.float32))

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import KVCache
 
-from dflash2_mlx.engine.caches import WindowKVCache
+from dflash2_mlx.engine.target.caches import WindowKVCache
 from dflash2_mlx.engine.pair import compatibility_report, selector_transform
 from dflash2_mlx.errors import UnsupportedModelError
 from dflash2_mlx.loading.checkpoints import load_target
 from dflash2_mlx.tools.synthetic import drafter_config_dict, random_drafter, write_target
-from dflash2_mlx.engine.target import Target, check_supported
+from dflash2_mlx.engine.target.adapter import Target, check_supported
 from helpers import (ScriptedDrafter, ar_tokens, assert_blocks_bitwise_single_steps,
                      assert_window_wrap_matches_uncached)
 from test_hybrid_targets import PROMPTS, _first_diff, spec

@@ -13,13 +13,13 @@ import mlx.core as mx
 import pytest
 
 from dflash2_mlx.engine.pair import Pair
-from dflash2_mlx.engine.decode import speculative_generate_step
+from dflash2_mlx.engine.decode.loop import speculative_generate_step
 from dflash2_mlx.errors import DFlashError
 from dflash2_mlx.text.generate import stream_generate
 from dflash2_mlx.loading.checkpoints import load_target
 from dflash2_mlx.engine.sampling import SamplingParams
 from dflash2_mlx.tools.synthetic import EOS, write_tokenizer
-from dflash2_mlx.engine.target import Target
+from dflash2_mlx.engine.target.adapter import Target
 from helpers import ScriptedDrafter, ar_tokens, load_pair_for, target_folder
 
 EOS_ID = 0

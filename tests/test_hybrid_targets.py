@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 
 from dflash2_mlx.engine.pair import Pair
-from dflash2_mlx.engine.caches import RecurrentCache, WindowKVCache
+from dflash2_mlx.engine.target.caches import RecurrentCache, WindowKVCache
 from dflash2_mlx.engine.pair import compatibility_report, selector_transform
-from dflash2_mlx.engine.decode import DecodeCache, autoregressive_generate_step, speculative_generate_step
+from dflash2_mlx.engine.decode.loop import DecodeCache, autoregressive_generate_step, speculative_generate_step
 from dflash2_mlx.errors import UnsupportedModelError
 from dflash2_mlx.loading.checkpoints import load_target
 from dflash2_mlx.tools.synthetic import drafter_config_dict, random_drafter, write_target
-from dflash2_mlx.engine.target import Target, check_supported
+from dflash2_mlx.engine.target.adapter import Target, check_supported
 from helpers import (ScriptedDrafter, ar_tokens, assert_blocks_bitwise_single_steps,
                      assert_window_wrap_matches_uncached)
 
@@ -182,8 +182,8 @@ def test_selector_unary_transform_is_applied_once():
 
 
 def test_propose_unary_is_the_targets_final_logits():
-    from dflash2_mlx.engine.propose import selector_inputs
-    from dflash2_mlx.engine.selector import top_k_candidates
+    from dflash2_mlx.engine.drafter.propose import selector_inputs
+    from dflash2_mlx.engine.drafter.selector import top_k_candidates
 
     target = load("muse_glimmer")
     multiplier, cap = target.logit_transform

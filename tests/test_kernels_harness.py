@@ -15,12 +15,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from dflash2_mlx.engine import conv as conv_op
-from dflash2_mlx.engine import selector as selector_op
+from dflash2_mlx.engine.drafter import conv as conv_op
+from dflash2_mlx.engine.drafter import selector as selector_op
 from dflash2_mlx.kernels import metal as metal_kernels
 from dflash2_mlx.kernels import registry as kernels
 from dflash2_mlx.metal import read_body
-from dflash2_mlx.engine.selector import path_select_ops
+from dflash2_mlx.engine.drafter.selector import path_select_ops
 
 # ~20 s here, nearly all of it g++ (about 1 s per distinct kernel source).
 pytestmark = [

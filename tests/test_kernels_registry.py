@@ -6,7 +6,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from dflash2_mlx.engine import conv, selector  # noqa: F401  (registers both kernels)
+from dflash2_mlx.engine.drafter import conv
+from dflash2_mlx.engine.drafter import selector  # noqa: F401  (registers both kernels)
 from dflash2_mlx.kernels import metal as metal_kernels
 from dflash2_mlx.kernels import registry as kernels
 from dflash2_mlx.metal import read_body

@@ -15,8 +15,8 @@ from mlx.utils import tree_flatten
 
 from conftest import TINY_TARGET, released_config, released_header, scaled_released_config
 from dflash2_mlx.engine.pair import Pair, compatibility_report
-from dflash2_mlx.engine.config import DrafterConfig, default_target_layer_ids
-from dflash2_mlx.engine.drafter import Drafter
+from dflash2_mlx.engine.drafter.config import DrafterConfig, default_target_layer_ids
+from dflash2_mlx.engine.drafter.model import Drafter
 from dflash2_mlx.errors import (
     CheckpointError,
     ConfigError,

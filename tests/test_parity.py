@@ -7,7 +7,7 @@ by one (platform.md), so equality is asserted exactly.
 import pytest
 
 from dflash2_mlx.engine.pair import Pair
-from dflash2_mlx.engine.decode import speculative_generate_step
+from dflash2_mlx.engine.decode.loop import speculative_generate_step
 from helpers import FAMILIES, ScriptedDrafter, ar_tokens, load_pair_for
 
 PROMPTS = {"short": [5], "medium": [17, 42, 99, 7, 250, 3, 61], "long": list(range(20, 120, 3))}

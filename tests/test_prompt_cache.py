@@ -5,7 +5,7 @@ whole history, including when the first answer ended inside a verified block."""
 import pytest
 
 from dflash2_mlx.engine.pair import Pair
-from dflash2_mlx.engine.decode import DecodeCache
+from dflash2_mlx.engine.decode.loop import DecodeCache
 from dflash2_mlx.text.generate import stream_generate
 from helpers import load_pair_for
 

@@ -9,7 +9,7 @@ the stop lands inside one.
 
 import pytest
 
-from dflash2_mlx.engine.decode import DecodeCache, speculative_generate_step
+from dflash2_mlx.engine.decode.loop import DecodeCache, speculative_generate_step
 from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.text.generate import stream_generate
 from helpers import ScriptedDrafter, ar_tokens, load_pair_for

@@ -10,7 +10,7 @@ test_kernels_harness.py.
 import numpy as np
 import pytest
 
-from dflash2_mlx.engine.selector import path_select_ops
+from dflash2_mlx.engine.drafter.selector import path_select_ops
 from kernel_harness.checks import CDF_EDGE_ROWS, U_TOP, cdf_edge_inputs, fp32_cdf_end
 
 

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-import dflash2_mlx.engine.decode as decode
+import dflash2_mlx.engine.decode.loop as decode
 from dflash2_mlx.engine.pair import Pair
-from dflash2_mlx.engine.decode import autoregressive_generate_step, speculative_generate_step
+from dflash2_mlx.engine.decode.loop import autoregressive_generate_step, speculative_generate_step
 from dflash2_mlx.engine.sampling import SamplingParams, make_logprobs_transform
 from dflash2_mlx.tools.synthetic import drafter_config_dict, random_drafter, target_config
-from dflash2_mlx.engine.target import Target
+from dflash2_mlx.engine.target.adapter import Target
 
 ALPHA = 1e-3
 V, PROMPT, N_SAMPLES = 8, [1, 5, 2], 1500

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from dflash2_mlx.engine.logit_transform import LogitTransform, apply_logit_transform
-from dflash2_mlx.engine.selector import (
+from dflash2_mlx.engine.drafter.selector import (
     path_select_ops,
     score_lattice,
     top_k_candidates,

@@ -3,7 +3,7 @@ think-tag splitter and the field checks."""
 
 import pytest
 
-from dflash2_mlx.engine.decode import DecodeCache
+from dflash2_mlx.engine.decode.loop import DecodeCache
 from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.serve.cache_pool import PromptCachePool, cache_nbytes
 from dflash2_mlx.serve.errors import ApiError

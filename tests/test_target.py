@@ -6,7 +6,7 @@ import pytest
 
 from dflash2_mlx.errors import UnsupportedModelError
 from dflash2_mlx.loading.checkpoints import load_target
-from dflash2_mlx.engine.target import Target, check_supported
+from dflash2_mlx.engine.target.adapter import Target, check_supported
 from helpers import FAMILIES, target_folder
 
 
@@ -56,7 +56,7 @@ def test_sliding_window_llama_gets_rollback_caches():
     from mlx_lm.models import llama
     from mlx_lm.models.cache import KVCache
 
-    from dflash2_mlx.engine.caches import WindowKVCache
+    from dflash2_mlx.engine.target.caches import WindowKVCache
 
     args = llama.ModelArgs(model_type="llama", hidden_size=32, num_hidden_layers=2, intermediate_size=64,
                            num_attention_heads=2, rms_norm_eps=1e-6, vocab_size=50,

@@ -139,7 +139,7 @@ def test_export_is_a_released_checkpoint_with_parity(tmp_path):
     assert "candidate_selector.predecessor_codebook" in names and "fc.weight" in names
     pair, _ = load_pair(str(target_folder("qwen3")), str(folder))
     target, drafter = pair.target, pair.drafter
-    from dflash2_mlx.engine.decode import speculative_generate_step
+    from dflash2_mlx.engine.decode.loop import speculative_generate_step
 
     out = [x for s in speculative_generate_step([5, 6, 7], Pair.make(target, drafter), max_tokens=30) for x in s.tokens]
     assert out == ar_tokens(target, [5, 6, 7], 30)

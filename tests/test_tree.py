@@ -7,10 +7,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from dflash2_mlx.engine.decode import DecodeCache, speculative_generate_step
+from dflash2_mlx.engine.decode.loop import DecodeCache, speculative_generate_step
 from dflash2_mlx.engine.pair import Pair
-from dflash2_mlx.engine.tree import DraftTree, build_tree, lattice_logprobs
-from dflash2_mlx.engine.tree_verify import commit, tree_forward, tree_views
+from dflash2_mlx.engine.tree.build import DraftTree, build_tree, lattice_logprobs
+from dflash2_mlx.engine.tree.verify import commit, tree_forward, tree_views
 from helpers import ar_tokens, load_pair_for
 
 

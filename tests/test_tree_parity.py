@@ -14,10 +14,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from dflash2_mlx.engine.decode import speculative_generate_step
-from dflash2_mlx.engine.drafter import Drafter
+from dflash2_mlx.engine.decode.loop import speculative_generate_step
+from dflash2_mlx.engine.drafter.model import Drafter
 from dflash2_mlx.engine.pair import Pair
-from dflash2_mlx.engine.tree import build_tree, lattice_logprobs
+from dflash2_mlx.engine.tree.build import build_tree, lattice_logprobs
 from helpers import FAMILIES, ScriptedDrafter, ar_tokens, load_pair_for
 
 ATTENTION_ONLY = FAMILIES + ["gemma3_text", "muse_glimmer"]

@@ -9,9 +9,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-import dflash2_mlx.engine.tree_decode as tree_decode
-import dflash2_mlx.engine.tree_verify as tree_verify
-from dflash2_mlx.engine.decode import speculative_generate_step
+import dflash2_mlx.engine.tree.cycle as tree_decode
+import dflash2_mlx.engine.tree.verify as tree_verify
+from dflash2_mlx.engine.decode.loop import speculative_generate_step
 from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.engine.sampling import SamplingParams
 from test_sampling import ALPHA, PROMPT, exact_distribution, gof_pvalue, sample_counts, tiny_drafter, tiny_target

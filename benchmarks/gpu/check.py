@@ -26,10 +26,10 @@ import time
 import mlx.core as mx
 
 from dflash2_mlx.device import backend_name
-from dflash2_mlx.engine.calibrate import measure
-from dflash2_mlx.engine.drafter import Drafter
+from dflash2_mlx.engine.adaptive.calibrate import measure
+from dflash2_mlx.engine.drafter.model import Drafter
 from dflash2_mlx.engine.pair import Pair
-from dflash2_mlx.engine.target import Target
+from dflash2_mlx.engine.target.adapter import Target
 from dflash2_mlx.files import atomic_write_text
 from dflash2_mlx.text.generate import stream_generate
 

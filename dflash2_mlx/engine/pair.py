@@ -11,9 +11,9 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from ..errors import BlockSizeError, IncompatibleError
-from .drafter import Drafter
+from .drafter.model import Drafter
 from .logit_transform import IDENTITY, LogitTransform, same_transform
-from .target import Target
+from .target.adapter import Target
 
 
 @dataclass(frozen=True)

@@ -8,15 +8,15 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
 
-from ..engine.config import DrafterConfig
-from ..engine.drafter import Drafter
+from ..engine.drafter.config import DrafterConfig
+from ..engine.drafter.model import Drafter
 from ..errors import CheckpointError, ConfigError
 from ..device import default_activation_dtype
 from .hub import resolve
 from .safetensors_header import check_safetensors
 from .target_checks import check_target_folder
 from .quantize import apply_saved_quantization, saved_activation_dtype, unpacked_width
-from ..engine.target import Target, check_supported
+from ..engine.target.adapter import Target, check_supported
 from .sharded import barrier, shard_target
 
 

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from ..engine.target import check_supported
+from ..engine.target.adapter import check_supported
 from .builtin import resolve_builtin
 from .checkpoints import read_config
 from .sharded import check_shardable

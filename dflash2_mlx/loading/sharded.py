@@ -10,10 +10,10 @@ rank.
 
 import mlx.core as mx
 
-from ..engine.collectives import CollectiveClock, instrument
-from ..engine.pipelined import PipelinedTarget
-from ..engine.sharded import ShardedTarget
-from ..engine.target import Target
+from ..engine.target.collectives import CollectiveClock, instrument
+from ..engine.target.pipelined import PipelinedTarget
+from ..engine.target.sharded import ShardedTarget
+from ..engine.target.adapter import Target
 from ..errors import UnsupportedModelError
 
 

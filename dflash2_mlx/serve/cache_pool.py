@@ -10,7 +10,7 @@ least recently used first. Only the service's worker thread touches the pool.
 from collections import OrderedDict
 from typing import Callable
 
-from ..engine.decode import DecodeCache
+from ..engine.decode.loop import DecodeCache
 
 
 def cache_nbytes(cache: DecodeCache) -> int:

@@ -17,7 +17,7 @@ from typing import Callable, Optional, Union
 
 import mlx.core as mx
 
-from ..engine.decode import DecodeCache
+from ..engine.decode.loop import DecodeCache
 from ..engine.pair import Pair
 from ..errors import DFlashError
 from ..text.generate import stream_generate

@@ -10,9 +10,9 @@ mlx-lm's prompt cache does. No UI here: the CLI drives `ask` and renders.
 from dataclasses import dataclass, replace
 from typing import Callable, Optional, Union
 
-from ..engine.adaptive import auto_decides
-from ..engine.calibrate import measure
-from ..engine.decode import DecodeCache
+from ..engine.adaptive.policy import auto_decides
+from ..engine.adaptive.calibrate import measure
+from ..engine.decode.loop import DecodeCache
 from ..engine.pair import Pair
 from ..engine.sampling import SamplingParams
 from ..errors import DFlashError

@@ -12,11 +12,11 @@ from typing import Generator, Optional, Sequence, Union
 import mlx.core as mx
 
 from ..device import backend_name
-from ..engine.adaptive import auto_decides
-from ..engine.calibrate import Calibration, measure
-from ..engine.decode import DecodeCache, autoregressive_generate_step, speculative_generate_step
+from ..engine.adaptive.policy import auto_decides
+from ..engine.adaptive.calibrate import Calibration, measure
+from ..engine.decode.loop import DecodeCache, autoregressive_generate_step, speculative_generate_step
 from ..engine.pair import Pair
-from ..engine.profile import CycleProfiler
+from ..engine.decode.profile import CycleProfiler
 from ..engine.sampling import SamplingParams
 from ..errors import DFlashError
 from .detokenize import IncrementalDetokenizer, StopMatcher
@@ -65,7 +65,7 @@ def stream_generate(
     `block_size` (anchor included) defaults to the drafter's; `pair.block_size`
     says which are valid. `block_size="auto"` picks each cycle's block size
     from `calibration` (measured now, in memory, when not given; see
-    `engine.calibrate.load_or_calibrate` to keep it on disk), decoding plainly
+    `engine.adaptive.calibrate.load_or_calibrate` to keep it on disk), decoding plainly
     where no block size beats plain decoding. The output is the same either way.
     `tree_rows` > 0 verifies trees of that many rows (docs/tree.md); 0 verifies
     the chain.

@@ -3,7 +3,7 @@
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from ..engine.decode import DecodeStep
+from ..engine.decode.loop import DecodeStep
 from .modes import MODE_LABELS, mode_name, short_mode_name  # noqa: F401  (re-exported)
 
 @dataclass(frozen=True)

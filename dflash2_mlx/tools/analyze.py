@@ -20,11 +20,11 @@ from mlx.utils import tree_flatten
 
 from .cycle_profile import cycle_breakdown
 from ..engine.pair import Pair
-from ..engine.decode import autoregressive_generate_step, speculative_generate_step
+from ..engine.decode.loop import autoregressive_generate_step, speculative_generate_step
 from ..errors import DFlashError
 from ..engine.sampling import SamplingParams
 from ..engine.logit_transform import apply_logit_transform
-from ..engine.selector import top_k_candidates
+from ..engine.drafter.selector import top_k_candidates
 from ..train.data import pack_sequences, read_examples
 from ..train.forward import packed_forward, target_features
 from ..train.packing import make_blocks, sample_anchors

@@ -19,7 +19,7 @@ import mlx.core as mx
 from ..engine.pair import Pair
 from ..errors import BlockSizeError
 from ..engine.sampling import SamplingParams
-from ..engine.target import Target
+from ..engine.target.adapter import Target
 from ..text.generate import stream_generate
 from ..text.stats import MODE_LABELS, mode_name
 from .compare import machine_info

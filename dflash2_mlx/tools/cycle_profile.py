@@ -14,9 +14,9 @@ from typing import Optional
 import mlx.core as mx
 
 from ..device import backend_name
-from ..engine.decode import DecodeCache, speculative_generate_step
+from ..engine.decode.loop import DecodeCache, speculative_generate_step
 from ..engine.pair import Pair
-from ..engine.profile import CycleProfiler
+from ..engine.decode.profile import CycleProfiler
 from ..engine.sampling import SamplingParams
 
 PHASES = ("draft", "select", "verify")

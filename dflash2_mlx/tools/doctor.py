@@ -54,7 +54,7 @@ def environment() -> Section:
     import importlib.metadata as md
 
     from ..device import backend_name
-    from ..engine import conv, selector  # noqa: F401  (the ops register their kernels)
+    from ..engine.drafter import conv, selector  # noqa: F401  (the ops register their kernels)
     from ..kernels import registry as kernels
 
     backend = backend_name()
@@ -316,7 +316,7 @@ def self_test(pair, tokenizer, *, block_size: Optional[int] = None, max_tokens: 
 def decode_costs(pair, tokenizer, folder=None, recalibrate: bool = False) -> Section:
     """The calibration `--block-size auto` decides with: cycle costs by block size
     against a plain decoding step (cached under `folder`, measured when missing)."""
-    from ..engine.calibrate import load_or_calibrate
+    from ..engine.adaptive.calibrate import load_or_calibrate
     from ..text.prompt import build_prompt
     from .suites import SUITES
 

@@ -14,8 +14,8 @@ from typing import Optional
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map_with_path
 
-from ..engine.config import DFLASH2_ARCH, DFLASH_ARCH, DrafterConfig
-from ..engine.drafter import Drafter
+from ..engine.drafter.config import DFLASH2_ARCH, DFLASH_ARCH, DrafterConfig
+from ..engine.drafter.model import Drafter
 from ..train.export import released_weights
 
 EOS = "<|endoftext|>"

@@ -9,7 +9,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from ..engine.config import DFLASH2_ARCH, DFLASH_ARCH, default_target_layer_ids
+from ..engine.drafter.config import DFLASH2_ARCH, DFLASH_ARCH, default_target_layer_ids
 from ..errors import DFlashError
 
 

@@ -6,7 +6,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..engine.logit_transform import LogitTransform, apply_logit_transform
-from ..engine.selector import top_k_candidates
+from ..engine.drafter.selector import top_k_candidates
 
 
 def decay_gamma(block_size: int) -> float:

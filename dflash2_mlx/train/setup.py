@@ -7,8 +7,8 @@ from typing import Optional, Sequence
 
 import mlx.core as mx
 
-from ..engine.config import DrafterConfig
-from ..engine.drafter import Drafter
+from ..engine.drafter.config import DrafterConfig
+from ..engine.drafter.model import Drafter
 from ..errors import DFlashError
 from ..engine.pair import Pair
 from ..loading.builtin import resolve_builtin

@@ -18,8 +18,8 @@ from typing import Callable, Optional
 import mlx.core as mx
 import numpy as np
 
-from dflash2_mlx.engine.conv import two_tap_conv_ops
-from dflash2_mlx.engine.selector import path_select_ops
+from dflash2_mlx.engine.drafter.conv import two_tap_conv_ops
+from dflash2_mlx.engine.drafter.selector import path_select_ops
 
 # The twin rounds the coefficient, both products and the sum to T (and the base
 # on its cast); the kernel computes in fp32 and rounds once. Their gap is a few

@@ -14,14 +14,14 @@ from typing import Generator, Optional
 import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
-from ..errors import DFlashError
+from ...errors import DFlashError
 from .last_verify import LastVerify
-from .pair import Pair
-from .plain_steps import plain_steps
+from ..pair import Pair
+from .plain import plain_steps
 from .profile import CycleProfiler
-from .propose import propose
-from .sampling import SamplingParams, greedy_token, make_key, make_logprobs_transform, split_key
-from .tree_decode import tree_cycle, tree_rows_for
+from ..drafter.propose import propose
+from ..sampling import SamplingParams, greedy_token, make_key, make_logprobs_transform, split_key
+from ..tree.cycle import tree_cycle, tree_rows_for
 from .verify import accept_greedy, accept_sampled
 
 

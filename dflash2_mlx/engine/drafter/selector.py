@@ -13,7 +13,7 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..kernels import metal, registry
+from ...kernels import metal, registry
 
 
 def top_k_candidates(logits: mx.array, K: int) -> tuple[mx.array, mx.array]:

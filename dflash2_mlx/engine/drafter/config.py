@@ -9,7 +9,7 @@ implement, naming the key.
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Optional
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .activations import ACTIVATIONS
 from .config_check import check_config_values
 

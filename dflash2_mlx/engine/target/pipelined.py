@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .collectives import CollectiveClock
-from .target import DEFAULT_MAX_BLOCK, Target
+from .adapter import DEFAULT_MAX_BLOCK, Target
 
 
 def _local_view(inner, norm) -> SimpleNamespace:

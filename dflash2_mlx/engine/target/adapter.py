@@ -20,9 +20,9 @@ from mlx_lm.models.cache import (
 )
 
 from .caches import RecurrentCache, RecurrentSnapshot, WindowKVCache
-from ..errors import UnsupportedModelError
+from ...errors import UnsupportedModelError
 from .families import FAMILIES, Family  # noqa: F401  (Family: re-exported for callers)
-from .logit_transform import IDENTITY, LogitTransform, apply_logit_transform
+from ..logit_transform import IDENTITY, LogitTransform, apply_logit_transform
 
 # Rows a verify block may roll back by default: the largest released DFlash
 # block size (16). Sliding-window caches keep this many rows beyond the window.

@@ -14,8 +14,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask
 
-from ..errors import UnsupportedModelError
-from .logit_transform import LogitTransform
+from ...errors import UnsupportedModelError
+from ..logit_transform import LogitTransform
 
 
 def _standard_layer_loop(inner: nn.Module, h: mx.array, cache: list, layer_ids: set[int], record=None):

@@ -22,13 +22,13 @@ from typing import Optional, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..device import backend_name
-from ..errors import DFlashError
-from ..files import atomic_write_text
-from .adaptive import AcceptanceEstimate, BlockPolicy, CostTable, FixedPolicy
-from .decode import speculative_generate_step
-from .pair import Pair
-from .profile import CycleProfiler
+from ...device import backend_name
+from ...errors import DFlashError
+from ...files import atomic_write_text
+from .policy import AcceptanceEstimate, BlockPolicy, CostTable, FixedPolicy
+from ..decode.loop import speculative_generate_step
+from ..pair import Pair
+from ..decode.profile import CycleProfiler
 
 VERSION = 1
 # Measured block sizes; the policy interpolates between them (linear in B is how

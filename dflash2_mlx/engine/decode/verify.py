@@ -8,7 +8,7 @@ from typing import Callable
 
 import mlx.core as mx
 
-from .sampling import greedy_token
+from ..sampling import greedy_token
 
 
 def _leading_run(ok: mx.array) -> mx.array:

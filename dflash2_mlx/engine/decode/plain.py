@@ -13,8 +13,8 @@ from typing import Callable, Generator
 
 import mlx.core as mx
 
-from .pair import Pair
-from .sampling import split_key
+from ..pair import Pair
+from ..sampling import split_key
 
 # Pending rows pushed into the drafter cache at once during long plain runs
 # (bounds the memory the captured features hold).

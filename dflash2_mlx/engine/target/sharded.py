@@ -18,7 +18,7 @@ import mlx.nn as nn
 from mlx_lm.models.base import gather_last_axis
 
 from .collectives import CollectiveClock
-from .target import DEFAULT_MAX_BLOCK, Target
+from .adapter import DEFAULT_MAX_BLOCK, Target
 
 
 class ShardedTarget(Target):
@@ -57,6 +57,6 @@ class ShardedTarget(Target):
 
     @staticmethod
     def _apply(out, transform):
-        from .logit_transform import apply_logit_transform
+        from ..logit_transform import apply_logit_transform
 
         return apply_logit_transform(out, transform)

@@ -8,7 +8,7 @@ the specification the kernel is tested against.
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..kernels import metal, registry
+from ...kernels import metal, registry
 
 
 def two_tap_conv_ops(x: mx.array, delta: mx.array, base: mx.array, group_size: int) -> mx.array:

@@ -16,9 +16,9 @@ from typing import Optional, Sequence
 import mlx.core as mx
 import numpy as np
 
-from .logit_transform import LogitTransform
-from .propose import selector_inputs
-from .selector import score_lattice, top_k_candidates
+from ..logit_transform import LogitTransform
+from ..drafter.propose import selector_inputs
+from ..drafter.selector import score_lattice, top_k_candidates
 
 # Candidates per position for DFlash (v1) drafters: a tree of at most 16 rows
 # never has more than 15 children under one node.

@@ -14,7 +14,7 @@ re-prefill of the conversation).
 from dataclasses import dataclass
 from typing import Optional
 
-from .target import Target, Undo
+from ..target.adapter import Target, Undo
 
 
 @dataclass

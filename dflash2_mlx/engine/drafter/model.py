@@ -18,7 +18,7 @@ from .activations import gated
 from .config import DrafterConfig
 from .conv import TwoTapConv
 from .selector import CandidateSelector
-from .window import decode_window_mask
+from ..window import decode_window_mask
 
 
 class DrafterAttention(nn.Module):

@@ -11,7 +11,7 @@ import math
 import typing
 from dataclasses import fields
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 # Sizes and counts that must be at least 1.
 POSITIVE = {

@@ -11,9 +11,9 @@ from typing import Callable, Optional
 
 import mlx.core as mx
 
-from .drafter import Drafter
-from .sampling import SamplingParams, greedy_token
-from .logit_transform import LogitTransform, apply_logit_transform
+from .model import Drafter
+from ..sampling import SamplingParams, greedy_token
+from ..logit_transform import LogitTransform, apply_logit_transform
 from .selector import path_select, top_k_candidates
 
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from ..errors import DFlashError
-from .sampling import split_key
-from .tree import DraftTree, build_tree, lattice_logprobs, sample_spine
-from .tree_verify import accept_tree, branch_blocker, commit, tree_forward, tree_views
+from ...errors import DFlashError
+from ..sampling import split_key
+from .build import DraftTree, build_tree, lattice_logprobs, sample_spine
+from .verify import accept_tree, branch_blocker, commit, tree_forward, tree_views
 
 
 @dataclass(frozen=True)

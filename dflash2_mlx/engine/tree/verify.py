@@ -25,9 +25,9 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache
 
-from .caches import WindowKVCache
-from .sampling import greedy_token
-from .tree import DraftTree
+from ..target.caches import WindowKVCache
+from ..sampling import greedy_token
+from .build import DraftTree
 
 
 def branch_blocker(cache: list) -> Optional[str]:
