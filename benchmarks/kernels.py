@@ -21,6 +21,7 @@ import time
 
 import mlx.core as mx
 
+from dflash2_mlx.engine.drafter.fused import CHECKS, kernel_status
 from dflash2_mlx.kernels import registry as kernels
 from dflash2_mlx.engine.drafter.conv import two_tap_conv_ops
 from dflash2_mlx.engine.drafter.selector import path_select_ops
@@ -105,14 +106,14 @@ def main(argv=None) -> dict:
 
     mx.random.seed(args.seed)
     dtype = DTYPES[args.dtype]
-    conv_kernel = kernels.active("two_tap_conv")
-    path_kernel = kernels.active("path_select")
+    conv_kernel = kernels.active("two_tap_conv", CHECKS["two_tap_conv"])
+    path_kernel = kernels.active("path_select", CHECKS["path_select"])
     report = {
         "backend": backend_name(),
         "device": str(mx.default_device()),
         "mlx_version": mx.__version__,
         "platform": platform.platform(),
-        "kernel_status": kernels.status(),
+        "kernel_status": kernel_status(),
         "dtype": args.dtype,
         "repeats": args.repeats,
         "warmup": args.warmup,
@@ -184,7 +185,7 @@ def cycle_share(args) -> dict:
     x = mx.random.normal((1, B, H)).astype(drafter.activation_dtype)
     d = mx.zeros((1, B, 2, H // drafter.config.conv_group_size), x.dtype)
     base = mx.ones((2, H), x.dtype)
-    conv = kernels.active("two_tap_conv") or two_tap_conv_ops
+    conv = kernels.active("two_tap_conv", CHECKS["two_tap_conv"]) or two_tap_conv_ops
     conv_ms = median_ms(lambda: conv(x, d, base, drafter.config.conv_group_size), args.repeats, args.warmup)
     cycle_ms = rec["cycle_ms_timed"]
     out = {
@@ -193,7 +194,7 @@ def cycle_share(args) -> dict:
         "select_ms": rec["phase_ms"]["select"], "select_share": rec["phase_share"]["select"],
         "conv_calls_per_cycle": 4 * L, "conv_ms_per_call": conv_ms,
         "conv_share_estimate": 4 * L * conv_ms / cycle_ms,
-        "path": kernels.status(),
+        "path": kernel_status(),
     }
     print(f"cycle {cycle_ms:.2f} ms: select {out['select_share']:.1%} | conv ~{out['conv_share_estimate']:.2%} "
           f"({4 * L} calls x {conv_ms:.3f} ms) [{out['path']}]")

@@ -233,7 +233,7 @@ def test_the_library_never_reads_environment_variables():
     # The checks themselves must be able to fail.
     ({"dflash2_mlx.engine.decode.loop": {"dflash2_mlx.tools.bench"}, "dflash2_mlx.tools.bench": set()}, "up"),
     ({"dflash2_mlx.text.generate": {"dflash2_mlx.loading.hub"}, "dflash2_mlx.loading.hub": set()}, "up"),
-    ({"dflash2_mlx.kernels.metal": {"dflash2_mlx.engine.drafter.conv"}, "dflash2_mlx.engine.drafter.conv": set()}, "up"),
+    ({"dflash2_mlx.kernels.metal_cuda": {"dflash2_mlx.engine.drafter.conv"}, "dflash2_mlx.engine.drafter.conv": set()}, "up"),
     ({"dflash2_mlx.engine.a": {"dflash2_mlx.engine.b"}, "dflash2_mlx.engine.b": {"dflash2_mlx.engine.a"}}, "cycle"),
     ({"dflash2_mlx.cli.x": {"dflash2_mlx.engine.a"}, "dflash2_mlx.engine.a": set()}, None),
 ])

@@ -8,7 +8,7 @@ library's wrappers pass. Running them is left to the builder's self-check.
 import mlx.core as mx
 import pytest
 
-from dflash2_mlx.kernels import metal as metal_kernels
+from dflash2_mlx.kernels import metal_cuda as metal_kernels
 from dflash2_mlx.metal import read_body
 
 from kernel_harness.checks import conv_inputs, path_inputs

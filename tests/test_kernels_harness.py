@@ -17,7 +17,7 @@ import pytest
 
 from dflash2_mlx.engine.drafter import conv as conv_op
 from dflash2_mlx.engine.drafter import selector as selector_op
-from dflash2_mlx.kernels import metal as metal_kernels
+from dflash2_mlx.kernels import metal_cuda as metal_kernels
 from dflash2_mlx.kernels import registry as kernels
 from dflash2_mlx.metal import read_body
 from dflash2_mlx.engine.drafter.selector import path_select_ops

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from dflash2_mlx.engine.drafter import conv
-from dflash2_mlx.engine.drafter import selector  # noqa: F401  (registers both kernels)
-from dflash2_mlx.kernels import metal as metal_kernels
+from dflash2_mlx.engine.drafter.fused import CHECKS, kernel_status
+from dflash2_mlx.kernels import metal_cuda as metal_kernels
 from dflash2_mlx.kernels import registry as kernels
 from dflash2_mlx.metal import read_body
 
@@ -28,22 +28,22 @@ def gpu_backend() -> bool:
 
 
 def test_both_kernels_are_registered():
-    assert set(kernels.status()) >= {"two_tap_conv", "path_select"}
+    assert set(kernel_status()) >= {"two_tap_conv", "path_select"}
 
 
 def test_active_matches_the_backend(fresh_registry):
     for name in ("two_tap_conv", "path_select"):
         if gpu_backend():
-            assert callable(kernels.active(name))
+            assert callable(kernels.active(name, CHECKS[name]))
         else:
-            assert kernels.active(name) is None
-            assert kernels.status()[name] == "twin"
+            assert kernels.active(name, CHECKS[name]) is None
+            assert kernel_status()[name] == "twin"
 
 
 def test_disabled_kernels_are_never_built(fresh_registry, monkeypatch):
     monkeypatch.setattr(metal_kernels, "gpu_backend", lambda: pytest.fail("builder ran while disabled"))
     kernels.set_kernels_enabled(False)
-    assert kernels.active("two_tap_conv") is None
+    assert kernels.active("two_tap_conv", CHECKS["two_tap_conv"]) is None
 
 
 def test_failing_build_warns_once_and_falls_back(fresh_registry, monkeypatch):
@@ -53,8 +53,8 @@ def test_failing_build_warns_once_and_falls_back(fresh_registry, monkeypatch):
 
     monkeypatch.setattr(metal_kernels, "gpu_backend", lambda: (broken_factory, ""))
     with pytest.warns(RuntimeWarning, match="two_tap_conv.*no Metal compiler") as caught:
-        assert kernels.active("two_tap_conv") is None
-        assert kernels.active("two_tap_conv") is None  # cached: no second warning
+        assert kernels.active("two_tap_conv", CHECKS["two_tap_conv"]) is None
+        assert kernels.active("two_tap_conv", CHECKS["two_tap_conv"]) is None  # cached: no second warning
     assert len(caught) == 1
     x = mx.array(np.random.default_rng(0).standard_normal((1, 4, 32), dtype=np.float32))
     delta, base = mx.zeros((1, 4, 2, 4)), mx.ones((2, 32))
@@ -70,7 +70,7 @@ def test_failing_first_call_warns_once(fresh_registry, monkeypatch):
 
     monkeypatch.setattr(metal_kernels, "gpu_backend", lambda: (factory, ""))
     with pytest.warns(RuntimeWarning, match="path_select") as caught:
-        assert kernels.active("path_select") is None
+        assert kernels.active("path_select", CHECKS["path_select"]) is None
     assert len(caught) == 1
 
 

@@ -1,30 +1,23 @@
 """Which fused kernels are active.
 
-Each fused kernel has a plain-MLX twin beside its op (`engine.conv.two_tap_conv_ops`,
-`engine.selector.path_select_ops`). The op module registers the kernel's name
-with an agreement check against its twin (the op imports its kernel, never the
-reverse, as mlx-lm's `gated_delta.py` does). A kernel is built once, the first
-time it is asked for, and only where a GPU backend exists; everywhere else
-`active` returns None and callers use the twin. `set_kernels_enabled(False)`
-forces the twins.
+Each fused kernel has a plain-MLX twin beside its op
+(`engine.drafter.conv.two_tap_conv_ops`, `engine.drafter.selector.path_select_ops`).
+The op asks for its kernel with `active(name, check)`, handing over the check
+that compares a built kernel with the twin (the op imports its kernel, never
+the reverse, as mlx-lm's `gated_delta.py` does). Nothing is registered at
+import time: a kernel is built once, the first time it is asked for, and only
+where a GPU backend exists; everywhere else `active` returns None and callers
+use the twin. `set_kernels_enabled(False)` forces the twins.
 """
 
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
-from . import metal
+from . import metal_cuda
 
 _enabled = True
 _built: dict[str, Optional[Callable]] = {}
-# name -> check(fn) that raises when a built kernel disagrees with its twin.
-_checks: dict[str, Callable[[Callable], None]] = {}
 
-
-def register(name: str, check: Callable[[Callable], None]) -> None:
-    """Declare the fused kernel `name` (one of `metal.WRAPPERS`) and its twin check."""
-    if name not in metal.WRAPPERS:
-        raise ValueError(f"no fused kernel named '{name}'")
-    _checks[name] = check
-    _built.pop(name, None)
+Check = Callable[[Callable], None]  # raises when a built kernel disagrees with its twin
 
 
 def set_kernels_enabled(enabled: bool) -> None:
@@ -33,17 +26,20 @@ def set_kernels_enabled(enabled: bool) -> None:
     _enabled = enabled
 
 
-def active(name: str) -> Optional[Callable]:
-    """The fused kernel for `name`, or None when the twin should run."""
-    if not _enabled or name not in _checks:
+def active(name: str, check: Check) -> Optional[Callable]:
+    """The fused kernel `name` (one of `metal_cuda.WRAPPERS`), built and checked
+    with `check` on first use, or None when the twin should run."""
+    if name not in metal_cuda.WRAPPERS:
+        raise ValueError(f"no fused kernel named '{name}'")
+    if not _enabled:
         return None
     if name not in _built:
-        backend = metal.gpu_backend()
-        _built[name] = None if backend is None else metal.build_kernel(
-            name, backend[0], _checks[name], header=backend[1])
+        backend = metal_cuda.gpu_backend()
+        _built[name] = None if backend is None else metal_cuda.build_kernel(
+            name, backend[0], check, header=backend[1])
     return _built[name]
 
 
-def status() -> dict[str, str]:
-    """name -> 'kernel' or 'twin', for `doctor` and benchmarks."""
-    return {name: ("kernel" if active(name) is not None else "twin") for name in _checks}
+def status(checks: Mapping[str, Check]) -> dict[str, str]:
+    """name -> 'kernel' or 'twin' for each of `checks`, for `doctor` and benchmarks."""
+    return {name: ("kernel" if active(name, check) is not None else "twin") for name, check in checks.items()}

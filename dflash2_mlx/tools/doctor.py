@@ -54,8 +54,7 @@ def environment() -> Section:
     import importlib.metadata as md
 
     from ..device import backend_name
-    from ..engine.drafter import conv, selector  # noqa: F401  (the ops register their kernels)
-    from ..kernels import registry as kernels
+    from ..engine.drafter.fused import kernel_status
 
     backend = backend_name()
     versions = {"mlx": mx.__version__, "python": platform.python_version()}
@@ -77,7 +76,7 @@ def environment() -> Section:
             "slower than plain decoding on this backend"))
     else:
         findings.append(Finding("backend", "ok", backend))
-    for name, how in kernels.status().items():
+    for name, how in kernel_status().items():
         if how == "kernel":
             findings.append(Finding(f"kernel {name}", "ok", "fused kernel active"))
         elif backend == "cpu":
@@ -86,7 +85,7 @@ def environment() -> Section:
             findings.append(Finding(f"kernel {name}", "warn",
                                     f"plain-MLX twin on {backend}: the fused kernel is unavailable or disabled"))
     return Section("MLX", tuple(findings), {"backend": backend, "versions": versions, "device": info,
-                                            "kernels": kernels.status()})
+                                            "kernels": kernel_status()})
 
 
 def _device_info() -> dict:

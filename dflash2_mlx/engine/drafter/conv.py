@@ -1,14 +1,14 @@
 """DFlash 2's two-tap dynamic depthwise convolution (spec §2.1).
 
 `two_tap_conv` is the one entry point: it runs the fused Metal kernel when one
-is active (see `kernels/registry.py`) and the plain-MLX twin below otherwise. The twin is
+is active (`kernels/registry.py`) and the plain-MLX twin below otherwise. The twin is
 the specification the kernel is tested against.
 """
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from ...kernels import metal, registry
+from ...kernels import metal_cuda, registry
 
 
 def two_tap_conv_ops(x: mx.array, delta: mx.array, base: mx.array, group_size: int) -> mx.array:
@@ -30,7 +30,7 @@ def two_tap_conv_ops(x: mx.array, delta: mx.array, base: mx.array, group_size: i
 
 def two_tap_conv(x: mx.array, delta: mx.array, base: mx.array, group_size: int) -> mx.array:
     """Two-tap block-local convolution; fused kernel when active, else the twin."""
-    kernel = registry.active("two_tap_conv")
+    kernel = registry.active("two_tap_conv", agrees_with_twin)
     if kernel is not None:
         return kernel(x, delta, base, group_size)
     return two_tap_conv_ops(x, delta, base, group_size)
@@ -39,12 +39,10 @@ def two_tap_conv(x: mx.array, delta: mx.array, base: mx.array, group_size: int) 
 def agrees_with_twin(kernel) -> None:
     """Raise unless `kernel` matches the twin on a small fixed problem (run once
     when a fused kernel is built)."""
-    problem = metal.conv_check_problem()
+    problem = metal_cuda.conv_check_problem()
     if not mx.allclose(kernel(*problem), two_tap_conv_ops(*problem), rtol=1e-5, atol=1e-5).item():
         raise RuntimeError("disagrees with conv.two_tap_conv_ops")
 
-
-registry.register("two_tap_conv", agrees_with_twin)
 
 
 class TwoTapConv(nn.Module):

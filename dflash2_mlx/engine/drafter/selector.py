@@ -13,7 +13,7 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from ...kernels import metal, registry
+from ...kernels import metal_cuda, registry
 
 
 def top_k_candidates(logits: mx.array, K: int) -> tuple[mx.array, mx.array]:
@@ -118,7 +118,7 @@ def path_select_ops(
 
 def path_select(*args, **kwargs) -> tuple[mx.array, mx.array]:
     """Score and walk the lattices; fused kernel when active, else the twin."""
-    kernel = registry.active("path_select")
+    kernel = registry.active("path_select", agrees_with_twin)
     if kernel is not None:
         return kernel(*args, **kwargs)
     return path_select_ops(*args, **kwargs)
@@ -127,7 +127,7 @@ def path_select(*args, **kwargs) -> tuple[mx.array, mx.array]:
 def agrees_with_twin(kernel) -> None:
     """Raise unless `kernel` matches the twin, greedy and sampled, on a small
     fixed problem (run once when a fused kernel is built)."""
-    args, uniforms = metal.path_check_problem()
+    args, uniforms = metal_cuda.path_check_problem()
     for temperature, u in ((0.0, None), (1.0, uniforms)):
         picks, q = kernel(*args, temperature=temperature, uniforms=u)
         want_picks, want_q = path_select_ops(*args, temperature=temperature, uniforms=u)
@@ -135,8 +135,6 @@ def agrees_with_twin(kernel) -> None:
                 and mx.allclose(q, want_q, rtol=1e-5, atol=1e-6).item()):
             raise RuntimeError(f"disagrees with selector.path_select_ops at temperature {temperature}")
 
-
-registry.register("path_select", agrees_with_twin)
 
 
 class CandidateSelector(nn.Module):

@@ -1,4 +1,4 @@
-"""Fused kernels for the two-tap conv and the path walk.
+"""Fused Metal and CUDA kernels for the two-tap conv and the path walk.
 
 The bodies live in `metal/*.metal` (package `dflash2_mlx.metal`). They run on
 Metal through `mx.fast.metal_kernel`, and unchanged on MLX's CUDA backend
@@ -8,8 +8,8 @@ through `mx.fast.cuda_kernel` with `cuda_compat.h` as the header.
 agreement check (the op module's twin on a small fixed problem); where building
 fails, the first call fails, or the kernel disagrees with its twin, it warns
 once and returns None: callers then use the twin, never crash. This module
-knows no op module: the twins live beside their ops (engine/conv.py,
-engine/selector.py), which hand their checks to `registry`.
+knows no op module: the twins live beside their ops (engine/drafter/conv.py,
+engine/drafter/selector.py), which hand their checks to `registry.active`.
 
 `conv_kernel` and `path_select_kernel` turn a factory with the arguments of
 `mx.fast.metal_kernel` into a callable with the twin's signature; the tests
