@@ -23,6 +23,7 @@ from dflash2_mlx.tools.analyze import heldout_sequences, markdown, relative_to_d
 from dflash2_mlx.engine.pair import Pair  # noqa: E402
 from dflash2_mlx.loading.builtin import resolve_builtin  # noqa: E402
 from dflash2_mlx.loading.checkpoints import load_drafter, load_target  # noqa: E402
+from dflash2_mlx.tools.provenance import command_line, git_commit  # noqa: E402
 
 FOLDERS = {"dflash": "dflash", "dflash+selector": "dflash-selector", "dflash+conv": "dflash-conv", "dflash2": "dflash2"}
 
@@ -56,13 +57,14 @@ def main():
     for name, record in cycles.items():
         result["variants"][name]["cycle"] = record
     relative_to_dflash(result)
-    command = "python " + " ".join(sys.argv)
-    result["cycle_command"] = command
+    command = command_line("python", sys.argv)
+    result["cycle_command"], result["cycle_commit"] = command, git_commit()
     args.analysis.write_text(json.dumps(result, indent=1) + "\n")
     md = args.analysis.with_suffix(".md")
     first_line = md.read_text().splitlines()[0]
     md.write_text(markdown(result, first_line.removeprefix("Command: `").removesuffix("`"))
-                  + f"\nCycle latency re-measured alone on the machine: `{command}`\n")
+                  + f"\nCycle latency re-measured alone on the machine: `{command}` at commit "
+                  f"{result['cycle_commit'] or 'unknown'}\n")
     for name, record in cycles.items():
         print(f"{name:<16} {record['cycle_ms_untimed']:7.2f} ms  rounds {[round(x, 1) for x in record['cycle_ms_untimed_rounds']]}")
 

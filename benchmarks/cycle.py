@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dflash2_mlx.tools.cycle_profile import cycle_breakdown  # noqa: E402
 from dflash2_mlx.loading.load_pair import load_pair  # noqa: E402
 from dflash2_mlx.engine.sampling import SamplingParams  # noqa: E402
+from dflash2_mlx.tools.provenance import command_line, provenance  # noqa: E402
 from dflash2_mlx.tools.synthetic import drafter_config_dict, write_drafter, write_target  # noqa: E402
 
 SIZES = {
@@ -73,7 +74,7 @@ def main():
                       f"select {ph['select']:6.2f} verify {ph['verify']:7.2f} else {ph['everything_else']:6.2f} ms "
                       f"({100 * rec['everything_else_share']:.1f} %) | syncs/cycle {rec['host_syncs_per_cycle']:.0f} "
                       f"| peak {rec['peak_memory_gb']:.3f} GB", flush=True)
-    out = {"command": " ".join(["python", "benchmarks/cycle.py", *sys.argv[1:]]), "runs": runs}
+    out = {**provenance(command_line("python benchmarks/cycle.py", sys.argv[1:])), "runs": runs}
     if args.json_path:
         Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_path).write_text(json.dumps(out, indent=2) + "\n")
@@ -93,7 +94,7 @@ def markdown(out: dict) -> str:
                     f"{r['peak_memory_gb']:.3f} | {r['drafter_cache_never_ahead'] and r['drafter_cache_equals_committed_at_close']} |")
     first = out["runs"][0]
     return (f"# Decode cycle breakdown ({first['backend']}, mlx {first['mlx_version']}, {first['device']})\n\n"
-            f"Command: `{out['command']}`\n\n" + "\n".join(rows) + "\n\n"
+            f"Command: `{out['command']}` at commit {out.get('commit') or 'unknown'}\n\n" + "\n".join(rows) + "\n\n"
             "`cycle ms` is the untimed run (one host sync per cycle); the phase columns come from a second,\n"
             "timed run that evaluates each phase as it ends; everything else = timed cycle − draft − select − verify\n"
             "(acceptance, the sync, cache trims, Python). The last column checks that the drafter cache never\n"

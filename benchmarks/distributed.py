@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from dflash2_mlx.device import backend_name  # noqa: E402
 from dflash2_mlx.files import atomic_write_text  # noqa: E402
+from dflash2_mlx.tools.provenance import command_line, provenance  # noqa: E402
 
 PROMPT = "def parse_header(line):\n    "
 
@@ -125,6 +126,7 @@ def main():
     parity = {mode: runs[f"{mode}-1"][0]["token_ids"] == runs[f"{mode}-2"][0]["token_ids"]
               for mode in ("ar", "dflash2")}
     result = dict(
+        **provenance(command_line("python", sys.argv)),
         benchmark="distributed", argv=sys.argv, backend=backend_name(), machine=platform.machine(),
         cpu_count=os.cpu_count(), load_average_at_end=os.getloadavg(), pair="builtin (target + DFlash 2 drafter)",
         max_tokens=args.max_tokens, block_size=args.block_size,

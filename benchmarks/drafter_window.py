@@ -13,11 +13,13 @@ The JSON holds the largest absolute hidden-state difference per block row.
 
 import argparse
 import json
+import sys
 
 import mlx.core as mx
 import numpy as np
 
 from dflash2_mlx.device import backend_name
+from dflash2_mlx.tools.provenance import command_line, provenance
 from dflash2_mlx.tools.synthetic import drafter_config_dict, random_drafter, target_config
 
 
@@ -74,7 +76,8 @@ def main(argv=None):
               f"(row 0 {r['max_abs_error_by_row'][0]:.3g}, last row {r['max_abs_error_by_row'][-1]:.3g})")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"results": results}, f, indent=1)
+            command = command_line("python benchmarks/drafter_window.py", sys.argv[1:] if argv is None else argv)
+            json.dump({**provenance(command), "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 
 import mlx.core as mx
@@ -25,6 +26,7 @@ from dflash2_mlx.engine.drafter.fused import CHECKS, kernel_status
 from dflash2_mlx.kernels import registry as kernels
 from dflash2_mlx.engine.drafter.conv import two_tap_conv_ops
 from dflash2_mlx.engine.drafter.selector import path_select_ops
+from dflash2_mlx.tools.provenance import command_line, provenance
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
@@ -109,6 +111,7 @@ def main(argv=None) -> dict:
     conv_kernel = kernels.active("two_tap_conv", CHECKS["two_tap_conv"])
     path_kernel = kernels.active("path_select", CHECKS["path_select"])
     report = {
+        **provenance(command_line("python benchmarks/kernels.py", sys.argv[1:] if argv is None else argv)),
         "backend": backend_name(),
         "device": str(mx.default_device()),
         "mlx_version": mx.__version__,

@@ -31,6 +31,7 @@ from dflash2_mlx.engine.decode.loop import speculative_generate_step  # noqa: E4
 from dflash2_mlx.device import backend_name  # noqa: E402
 from dflash2_mlx.engine.pair import Pair  # noqa: E402
 from dflash2_mlx.loading.checkpoints import load_target  # noqa: E402
+from dflash2_mlx.tools.provenance import command_line, provenance  # noqa: E402
 from dflash2_mlx.tools.synthetic import drafter_config_dict, random_drafter, write_target  # noqa: E402
 from dflash2_mlx.engine.target.adapter import Target  # noqa: E402
 
@@ -143,7 +144,8 @@ def main():
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         runs = [measure(Path(tmp), family) for family in TARGETS]
-    result = dict(backend=backend_name(), measured=runs, full_size=full_size_formulas())
+    result = dict(**provenance(command_line("python benchmarks/rollback_memory.py", sys.argv[1:])),
+                  backend=backend_name(), measured=runs, full_size=full_size_formulas())
     text = json.dumps(result, indent=2)
     print(text)
     if args.json_path:

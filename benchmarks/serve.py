@@ -121,11 +121,12 @@ def main() -> None:
     p.add_argument("--json", type=Path, help="write the result here")
     args = p.parse_args()
     from dflash2_mlx.device import backend_name
+    from dflash2_mlx.tools.provenance import command_line, provenance
     import mlx.core as mx
 
     arms = [run_arm("ar", ["--ar"], args), run_arm("dflash2", [], args)]
     record = {
-        "benchmark": "serve", "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "benchmark": "serve", **provenance(command_line(Path(sys.executable).name, sys.argv)),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "backend": backend_name(),
         "machine": platform.machine(), "mlx": mx.__version__, "pair": "builtin",
         "clients": args.clients, "requests_per_client": args.requests, "max_tokens": args.max_tokens,

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dflash2_mlx.device import backend_name  # noqa: E402
+from dflash2_mlx.tools.provenance import command_line, provenance  # noqa: E402
 from dflash2_mlx.train.trainer import read_metrics  # noqa: E402
 
 
@@ -92,7 +93,8 @@ def main():
         r["speedup_vs_1_process"] = round(r["tokens_per_s_median"] / base, 3)
         r["max_abs_loss_diff_vs_1_process"] = round(max(abs(a - b) for a, b in zip(r["loss_by_step"], rows[0]["loss_by_step"])), 5)
     result = dict(
-        benchmark="train_dp", backend=backend_name(),
+        **provenance(command_line("python benchmarks/train_dp.py", sys.argv[1:])), benchmark="train_dp",
+        backend=backend_name(),
         mlx=mx.__version__, machine=platform.machine(), cpus=os.cpu_count(),
         blas_shim="LD_PRELOAD" in os.environ, global_batch=args.batch_size, seq_len=args.seq_len,
         steps=args.steps, warmup_steps=args.warmup, arms=rows,

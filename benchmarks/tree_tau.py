@@ -33,6 +33,7 @@ from dflash2_mlx.engine.decode.loop import autoregressive_generate_step, specula
 from dflash2_mlx.engine.decode.profile import CycleProfiler  # noqa: E402
 from dflash2_mlx.engine.sampling import SamplingParams  # noqa: E402
 from dflash2_mlx.files import atomic_write_text  # noqa: E402
+from dflash2_mlx.tools.provenance import command_line, provenance  # noqa: E402
 from dflash2_mlx.loading.load_pair import load_pair  # noqa: E402
 
 
@@ -105,7 +106,7 @@ def cycle_breakdowns(pair, prompt, rows: list[int], max_tokens: int, rounds: int
 
 def markdown(record: dict) -> str:
     lines = [f"# Tree vs chain at the same verify rows: {record['drafter']} on the built-in target", "",
-             f"Command: `{record['command']}`", "",
+             f"Command: `{record['command']}` at commit {record.get('commit') or 'unknown'}", "",
              f"Backend {record['backend']} ({record['machine']}), mlx {record['mlx']}; {record['prompts']} held-out "
              f"prompts, max {record['max_tokens']} tokens, one run per prompt and setting. τ = tokens committed per "
              "target pass after the prefill (mean over prompts; pooled in the JSON).", "",
@@ -165,7 +166,7 @@ def main():
     cycles = cycle_breakdowns(pair, prompts[0], args.rows, args.max_tokens, args.cycle_rounds)
     phases = list(dict.fromkeys(p for c in cycles for p in c["ms_per_cycle_by_phase"]))
     record = {
-        "command": "python " + " ".join(sys.argv), "backend": backend_name(), "mlx": mx.__version__,
+        **provenance(command_line("python", sys.argv)), "backend": backend_name(), "mlx": mx.__version__,
         "machine": platform.processor() or platform.machine(), "drafter": args.drafter,
         "prompts": len(prompts), "max_tokens": args.max_tokens, "prompt_ids": prompts,
         "greedy_identical_to_ar": f"{identical}/{total}", "comparison": comparison,

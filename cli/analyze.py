@@ -58,8 +58,10 @@ def analyze(
     heldout = heldout_sequences([str(p) for p in data], tokenizer, seq_len, heldout_fraction)
     result = run_analysis(pairs, heldout, prompt_len=prompt_len, n_prompts=prompts,
                           max_tokens=max_tokens, block_size=block_size, tree_rows=tree)
-    command = "dflash2 " + " ".join(sys.argv[1:])
-    result["command"] = command
+    from dflash2_mlx.tools.provenance import command_line, provenance
+
+    command = command_line("dflash2", sys.argv[1:])
+    result.update(provenance(command))
     atomic_write_text(out / "analysis.json", json.dumps(result, indent=2) + "\n")
     atomic_write_text(out / "analysis.md", markdown(result, command))
     ui.status(f"wrote {out / 'analysis.json'} and {out / 'analysis.md'}")

@@ -2,8 +2,8 @@
 mlx-lm's closing lines.
 
 Plain stdout, no Rich: streamed code must keep its exact characters, and the
-most common command should not pay for importing Rich (cli/ui.py re-exports
-these for the other commands).
+most common command should not pay for importing Rich (the cli/ui/ package
+re-exports these for the other commands).
 """
 
 from __future__ import annotations

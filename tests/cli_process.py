@@ -8,19 +8,24 @@ them in-process through the `cli` fixture and keep one process per behaviour.
 import hashlib
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 
-def dflash2_exe() -> str:
-    exe = shutil.which("dflash2", path=os.path.dirname(sys.executable)) or shutil.which("dflash2")
-    assert exe, "the dflash2 entry point is not installed"
-    return exe
+def dflash2_command() -> list[str]:
+    """The `dflash2` command, found without PATH: the console script installed
+    beside this interpreter, else the same entry run as `python -m dflash2_mlx.cli`
+    (cli/__main__.py calls the entry point's `main`)."""
+    for folder in dict.fromkeys((sysconfig.get_path("scripts"), os.path.dirname(sys.executable))):
+        exe = os.path.join(folder, "dflash2")
+        if os.path.isfile(exe) and os.access(exe, os.X_OK):
+            return [exe]
+    return [sys.executable, "-m", "dflash2_mlx.cli"]
 
 
 @dataclass
@@ -90,7 +95,7 @@ class Sandbox:
             if preexec:
                 preexec()
 
-        return subprocess.Popen([dflash2_exe(), *map(os.fsencode, map(str_or_bytes, args))], stdin=stdin,
+        return subprocess.Popen([*dflash2_command(), *map(os.fsencode, map(str_or_bytes, args))], stdin=stdin,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=self.root, env=self.env,
                                 preexec_fn=before_exec)
 

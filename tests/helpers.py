@@ -107,3 +107,43 @@ def assert_blocks_bitwise_single_steps(target, n_tokens: int) -> None:
     block += [target(mx.array([ids[i : i + 3]]), c_block)[0] for i in range(5, len(ids), 3)]
     step += [target(mx.array([[t]]), c_step)[0] for t in ids[5:]]
     assert np.array_equal(np.array(mx.concatenate(block, 1)), np.array(mx.concatenate(step, 1)))
+
+
+def mlx_lm_distribution(logits, sampling) -> np.ndarray:
+    """The distribution mlx-lm samples the next token from, for logits [..., V]
+    and a `SamplingParams`-like `sampling` (temperature > 0, top_p, min_p, top_k).
+
+    Built from `mlx_lm.sample_utils` alone, exactly as `make_sampler(temp, top_p,
+    min_p, top_k=top_k)` composes it in `generate_step`: log-softmax of the
+    logits, then top-p, min-p, top-k (each only when on, as make_sampler turns
+    them on), then `categorical_sampling`'s logprobs * (1 / temp). Nothing here
+    comes from dflash2_mlx.engine.sampling: it is the reference that code is
+    tested against. Returned as float64 probabilities (zero where filtered).
+    """
+    from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+
+    temp, top_p, min_p, top_k = sampling.temperature, sampling.top_p, sampling.min_p, sampling.top_k
+    assert temp > 0, "greedy decoding has no distribution"
+    logprobs = logits.astype(mx.float32)
+    logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
+    if 0 < top_p < 1.0:
+        logprobs = apply_top_p(logprobs, top_p)
+    if min_p != 0.0:
+        logprobs = apply_min_p(logprobs, min_p)
+    if top_k > 0:
+        logprobs = apply_top_k(logprobs, top_k)
+    return np.array(mx.softmax(logprobs * (1.0 / temp), axis=-1, precise=True), dtype=np.float64)
+
+
+def mlx_lm_sampler(sampling):
+    """mlx-lm's own sampler for the same settings (ids only), to check
+    `mlx_lm_distribution` against what mlx-lm actually draws."""
+    from mlx_lm.sample_utils import make_sampler
+
+    return make_sampler(sampling.temperature, top_p=sampling.top_p, min_p=sampling.min_p, top_k=sampling.top_k)
+
+
+def node_ranks(tree, cand) -> list[int]:
+    """Each draft-tree node's candidate index at its position (0 = the drafter's
+    best there; the anchor 0): which branch a walk took."""
+    return [0] + [list(cand[tree.depth[j] - 1]).index(tree.tokens[j]) for j in range(1, tree.rows)]

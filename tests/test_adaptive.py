@@ -12,6 +12,24 @@ import pytest
 from dflash2_mlx.engine.adaptive.policy import AcceptanceEstimate, BlockPolicy, CostTable
 
 
+def decide(policy, tokens_left):
+    """What the decode loop does before each cycle: choose, then act on the choice."""
+    decision = policy.choose(tokens_left)
+    policy.record(decision)
+    return decision.block
+
+
+def test_choosing_changes_nothing():
+    # Asking is not deciding: the same question twice gets the same answer.
+    costs = CostTable(1.0, {2: 3.0, 4: 6.0}, {2: 0.0, 4: 0.0})
+    policy = BlockPolicy(costs, 4, AcceptanceEstimate(3, seed=[0.3]))
+    first = policy.choose(50)
+    assert policy.choose(50) == first and policy.report.fallbacks == [] and policy.tokens == 0
+    policy.record(first)
+    assert first.block == 1 and policy.report.fallbacks and policy.tokens == 1
+    assert policy.mode is first.mode
+
+
 def accepted_run(rng, alphas, drafted):
     a = 0
     while a < drafted and rng.random() < alphas[a]:
@@ -28,7 +46,7 @@ def simulate(policy, costs, alphas, tokens, seed=0, switch=None):
     while done < tokens:
         if switch and done >= switch[0]:
             alphas = switch[1]
-        B = policy.next_block(tokens - done)
+        B = decide(policy, tokens - done)
         blocks.append(B)
         if B == 1:
             seconds += costs.plain
@@ -132,8 +150,8 @@ def test_probe_notices_when_drafting_pays_again():
 def test_short_remainders_decode_plainly():
     costs = CostTable(1.0, {2: 1.0, 8: 1.0}, {2: 0.1, 8: 0.1})
     policy = BlockPolicy(costs, 8, AcceptanceEstimate(7, seed=[0.9]))
-    assert policy.next_block(1) == 1
-    assert policy.next_block(3) == 4  # never drafts past the tokens still wanted
+    assert decide(policy, 1) == 1
+    assert decide(policy, 3) == 4  # never drafts past the tokens still wanted
 
 
 class Clock:
@@ -149,7 +167,7 @@ def run_timed(policy, clock, actual, alphas, tokens, seed=0):
     policy only sees through its clock."""
     rng, done, blocks = random.Random(seed), 0, []
     while done < tokens:
-        B = policy.next_block(tokens - done)
+        B = decide(policy, tokens - done)
         blocks.append(B)
         if B == 1:
             clock.now += actual.plain

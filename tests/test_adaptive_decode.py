@@ -6,7 +6,7 @@ import json
 import mlx.core as mx
 import pytest
 
-from dflash2_mlx.engine.adaptive.policy import AcceptanceEstimate, BlockPolicy, CostTable
+from dflash2_mlx.engine.adaptive.policy import AcceptanceEstimate, BlockPolicy, CostTable, Decision
 from dflash2_mlx.engine.adaptive.calibrate import _non_decreasing, calibration_key, load_or_calibrate
 from dflash2_mlx.engine.decode.loop import DecodeCache, speculative_generate_step
 from dflash2_mlx.engine.pair import Pair
@@ -23,10 +23,12 @@ class Schedule:
     def __init__(self, sizes):
         self.sizes, self.i, self.observed = sizes, 0, []
 
-    def next_block(self, tokens_left):
+    def choose(self, tokens_left):
         B = self.sizes[self.i % len(self.sizes)]
+        return Decision(1 if B == 1 else max(2, min(B, tokens_left + 1)))
+
+    def record(self, decision):
         self.i += 1
-        return 1 if B == 1 else max(2, min(B, tokens_left + 1))
 
     def observe(self, drafted, accepted):
         self.observed.append((drafted, accepted))

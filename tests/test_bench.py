@@ -3,6 +3,7 @@ decoding with a tiny autoregressive draft) over a block-size sweep, the JSON
 record and markdown table it writes, the verdict's wording, and one-line errors."""
 
 import json
+import subprocess
 
 import pytest
 
@@ -39,6 +40,7 @@ def test_all_modes_and_a_block_size_sweep(cli, ar_draft, tmp_path):
     assert code == 0, err
     record = json.loads(out_json.read_text())
     assert record["kind"] == "dflash2-bench" and record["machine"]["backend"] == "cpu"
+    assert record["command"].startswith("dflash2 ") and "commit" in record  # where the numbers came from
     assert [(p["suite"], p["index"]) for p in record["prompts"]] == [("code", 0), ("chat", 0), ("maths", 0)]
     configs = {(r["mode"], r["block_size"]) for r in record["runs"]}
     assert configs == {("ar", 1), ("mlx-lm", 1)} | {(m, B) for m in ("dflash", "dflash2", "mlx-lm-spec") for B in (2, 4)}
@@ -52,11 +54,13 @@ def test_all_modes_and_a_block_size_sweep(cli, ar_draft, tmp_path):
         if r["mode"] == "mlx-lm":  # mlx-lm's plain stream_generate beside ours
             assert r["identical_to_ar"] is True and r["mean_acceptance_length"] == 1
         if r["mode"] == "mlx-lm-spec":
-            assert isinstance(r["identical_to_ar"], bool) and r["mean_acceptance_length"] >= 1
+            assert r["identical_to_ar"] is True and r["mean_acceptance_length"] >= 1  # lossless at T=0 too
     rows = record["summary"]
     assert all(ROW_KEYS <= set(r) for r in rows)
     overall = {(r["mode"], r["block_size"]) for r in rows if r["suite"] == "all"}
     assert overall == configs
+    # Plain decoding is the reference (not compared with itself); every other row matched it on every prompt.
+    assert all((r["identical_to_ar"] is None) if r["mode"] == "ar" else (r["identical_to_ar"] == 1.0) for r in rows)
     assert {r["suite"] for r in rows} == {"all", "code", "chat", "maths"}
     ar_row = next(r for r in rows if r["mode"] == "ar" and r["suite"] == "all")
     assert ar_row["speedup_decode"] == pytest.approx(1.0)
@@ -69,6 +73,7 @@ def test_all_modes_and_a_block_size_sweep(cli, ar_draft, tmp_path):
     assert "Backend cpu" in text and "16-row forward costs about 10x" in text
     md = out_md.read_text()
     assert md.startswith("# dflash2 bench")
+    assert f"Command: `{record['command']}` at commit {record['commit'] or 'unknown'}." in md
     assert "| mode | block | decode tok/s | end-to-end tok/s | speedup (decode) |" in md
     for label in ("| autoregressive | 1 |", "| DFlash | 2 |", "| DFlash 2 | 4 |", "| mlx-lm speculative | 4 |"):
         assert label in md, label
@@ -101,6 +106,44 @@ def test_prompts_file_and_json_to_stdout(cli, tmp_path):
     assert [(p["suite"], p["text"]) for p in record["prompts"]] == [("code", "def add(a, b):"), ("mine", "Hello!")]
     # prompts × repeats × (plain, mlx-lm plain, DFlash 2 block 3)
     assert {r["repeat"] for r in record["runs"]} == {0, 1} and len(record["runs"]) == 2 * 2 * 3
+
+
+def test_sampled_runs_have_no_parity_verdict(cli):
+    """At T > 0 the token ids are draws, so no run is compared with plain decoding."""
+    code, out, err = cli(base_argv("--block-sizes", "3", "--suite", "code", "--max-prompts", 1, "--repeats", 1,
+                                   "-m", 6, "--temp", 1, "--seed", 3, "--json", "-"))
+    assert code == 0, err
+    record = json.loads(out)
+    assert {r["mode"] for r in record["runs"]} == {"ar", "mlx-lm", "dflash2"}
+    assert all(r["identical_to_ar"] is None for r in record["runs"] + record["summary"])
+
+
+def test_a_diverged_prompt_is_counted_not_hidden():
+    """Greedy runs whose tokens differ from plain decoding (near-ties on Metal) are
+    kept as False: the row reports the share of prompts that matched."""
+    same, diverged = run("dflash2", 4, 250.0, 3.0), run("dflash2", 4, 75.0, 2.0, index=1)
+    runs = [run("ar", 1, 100.0), run("ar", 1, 50.0, index=1),
+            BenchRun(**{**same.__dict__, "identical_to_ar": True}),
+            BenchRun(**{**diverged.__dict__, "identical_to_ar": False})]
+    rows = {(r["mode"], r["block_size"], r["suite"]): r for r in summarize(runs)}
+    assert rows[("dflash2", 4, "all")]["identical_to_ar"] == 0.5
+    assert rows[("ar", 1, "all")]["identical_to_ar"] is None
+    record = {"machine": {"backend": "cpu", "device": "x86_64", "mlx_version": "0"},
+              "settings": {"max_tokens": 8, "temperature": 0.0, "repeats": 1}, "prompts": [{}, {}],
+              "summary": summarize(runs), "verify_cost_ms": {}, "verdict": [], "skipped": []}
+    assert "| 50 % |" in markdown(record)
+
+
+def test_results_carry_their_command_and_commit(tmp_path):
+    from dflash2_mlx.tools.provenance import CHECKOUT, command_line, git_commit, provenance
+
+    assert git_commit(tmp_path) is None  # not a git checkout
+    assert command_line("dflash2", ["bench", "--prompts", "my prompts.txt"]) == "dflash2 bench --prompts 'my prompts.txt'"
+    record = provenance("dflash2 bench -m 4")
+    assert record["command"] == "dflash2 bench -m 4"
+    if (CHECKOUT / ".git").exists():
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=CHECKOUT, capture_output=True, text=True)
+        assert record["commit"] == head.stdout.strip()
 
 
 def test_suites_and_prompt_files(tmp_path):
@@ -136,6 +179,20 @@ def test_verdict_says_why_speculation_loses():
     best, lines = verdict(summarize([run("ar", 1, 100.0), run("dflash2", 4, 180.0, 3.2)]), {1: 1.0, 4: 1.1}, "metal")
     assert lines == ["DFlash 2: best block size on this machine is 4 (1.80x plain decoding after prefill, "
                      "tau 3.20 tokens per target pass)."]
+
+
+def test_verdict_gives_no_verify_cost_it_did_not_measure():
+    """--block-size auto has no single B-row verify (and a size may be missing from
+    the costs): the verdict says so instead of a made-up 0.0x."""
+    auto = BenchRun("code", 0, "dflash2", "auto", 0, 10, 20, 100.0, 97.0, 87.3, 1.01, 19, [0.1] * 15, 0.1, None, [],
+                    plain_share=0.9, block_sizes={1: 17, 16: 2})
+    summary = summarize([run("ar", 1, 100.0), auto, run("dflash2", 4, 40.0, 1.1)])
+    best, lines = verdict(summary, {1: 1.0, 4: 3.6}, "cpu")
+    slower = next(line for line in lines if line.startswith("DFlash 2 is slower"))
+    assert best == {"dflash2": "auto"} and "(best: block auto at 0.97x)" in slower
+    assert "verify alone" not in slower and "0.0x" not in slower and "no one verify cost applies" in slower
+    _, lines = verdict(summarize([run("ar", 1, 100.0), run("dflash2", 4, 40.0, 1.1)]), {1: 1.0}, "cpu")
+    assert "verify alone" not in lines[0] and "(the verify cost was not measured)" in lines[0]
 
 
 def test_markdown_from_a_record():

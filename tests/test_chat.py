@@ -8,12 +8,9 @@ with a scripted input stream; one test drives the installed `dflash2 chat`
 through stdin and interrupts it with a real SIGINT.
 """
 
-import os
 import re
-import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -24,6 +21,7 @@ from dflash2_mlx.text.chat_session import ChatSession
 from dflash2_mlx.cli import ui
 from dflash2_mlx.cli.chat import chat_loop, parse_command
 from dflash2_mlx.text.generate import stream_generate
+from cli_process import dflash2_command
 from helpers import drafter_folder, load_pair_for, target_folder
 
 MAX_TOKENS, BLOCK = 12, 4
@@ -399,17 +397,11 @@ def test_bad_flags_are_one_line_errors(cli, argv, code, fragment):
     assert all(not line.startswith("error") for line in lines[:-1])
 
 
-def _dflash2():
-    exe = shutil.which("dflash2", path=os.path.dirname(sys.executable)) or shutil.which("dflash2")
-    assert exe, "the dflash2 entry point is not installed"
-    return exe
-
-
 def test_entry_point_over_stdin_with_a_real_sigint():
     """The installed command, driven through a pipe: a long answer is stopped by
     SIGINT, the chat carries on, and the next turn still reuses the cache."""
     proc = subprocess.Popen(
-        [_dflash2(), "chat", "--model", str(target_folder("qwen3")), "--drafter",
+        [*dflash2_command(), "chat", "--model", str(target_folder("qwen3")), "--drafter",
          str(drafter_folder("qwen3", "dflash2")), "-m", "100000", "--block-size", "4", "--no-color"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
     chunks = []

@@ -10,12 +10,12 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from dflash2_mlx.tools.synthetic import write_target
+from cli_process import dflash2_command
 from helpers import drafter_folder, target_folder
 
 PROMPT = "Write a loop"
@@ -284,9 +284,8 @@ def test_help(cli):
 
 
 def _dflash2(args, stdin=None, env=None):
-    exe = shutil.which("dflash2", path=os.path.dirname(sys.executable)) or shutil.which("dflash2")
-    assert exe, "the dflash2 entry point is not installed"
-    return subprocess.run([exe, *args], input=stdin, capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run([*dflash2_command(), *args], input=stdin, capture_output=True, text=True, env=env,
+                          timeout=120)
 
 
 def test_entry_point_json_from_stdin(gen, paths):

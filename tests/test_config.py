@@ -1,4 +1,4 @@
-"""DrafterConfig reads both released formats and refuses what it cannot run (spec §1, §3)."""
+"""DrafterConfig reads both released formats and refuses what it cannot run (docs/algorithm.md §1–§3)."""
 
 import copy
 
@@ -15,7 +15,7 @@ from dflash2_mlx.errors import ConfigError, DFlashError
 @pytest.mark.parametrize(
     "n_target, n_draft, expected",
     [
-        (36, 5, [1, 9, 17, 25, 33]),  # Qwen3-4B, spec §1
+        (36, 5, [1, 9, 17, 25, 33]),  # Qwen3-4B, docs/algorithm.md §1
         (52, 5, [1, 13, 25, 37, 49]),  # Muse Glimmer's listed ids (checked against the fixture below)
         # By hand: span = n_target - 4, step = span / (n_draft - 1), ids = round(1 + i*step).
         (28, 5, [1, 7, 13, 19, 25]),  # span 24, step 6
@@ -108,7 +108,7 @@ def test_dflash2_fixture_parses():
         assert getattr(c, key) == nested[key], key
     assert c.rope_theta == raw["rope_parameters"]["rope_theta"]
     assert c.rope_scaling is None  # rope_type "default"
-    assert c.conv_groups == raw["hidden_size"] // nested["conv_group_size"]
+    assert c.hidden_size // c.conv_group_size == raw["hidden_size"] // nested["conv_group_size"]
     assert set(c.layer_types) == {"sliding_attention"}
 
 
@@ -178,7 +178,7 @@ def test_dflash2_keys_flat_or_nested(where):
     c = DrafterConfig.from_dict(raw)
     for key, value in DFLASH2_KEYS.items():
         assert getattr(c, key) == value, key
-    assert c.conv_groups == raw["hidden_size"] // 32
+    assert c.hidden_size // c.conv_group_size == raw["hidden_size"] // 32
 
 
 def test_dflash2_optional_keys_default():

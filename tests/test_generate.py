@@ -87,7 +87,7 @@ def scripted(base_target, base_drafter, tokenizer, script, mode, B=4, schedule=l
 
 
 def expected_from_steps(steps):
-    """Stats recomputed independently from DecodeSteps (spec §5)."""
+    """Stats recomputed independently from DecodeSteps (docs/algorithm.md §5)."""
     cycles = steps[1:]  # steps[0] is the prefill token
     B = max(s.drafted for s in cycles) + 1
     hist = [0] * B
@@ -269,16 +269,35 @@ def test_acceptance_stats_match_decode_steps(pair, B, n, schedule):
         assert s.mean_acceptance_length == pytest.approx(8 / 4)
 
 
-@pytest.mark.parametrize("mode", ["ar", "dflash2"])
+@pytest.mark.parametrize("mode", ["ar", "dflash2", "dflash2-scripted"])
 @pytest.mark.parametrize("n", [1, 2, 5, 17])
 def test_max_tokens_gives_exactly_that_many(pair, mode, n):
-    target, tok, drafter = pair
-    rs = run(target, tok, [5, 6, 7], drafter=None if mode == "ar" else drafter, max_tokens=n)
+    target, tok, base = pair
+    prompt = [5, 6, 7]
+    # "dflash2-scripted" drafts the target's own continuation with one wrong token per
+    # cycle: drafts are accepted, and max_tokens can cut a block short.
+    reference = ar_tokens(target, prompt, n + 16) if mode == "dflash2-scripted" else None
+    make = lambda: (None if mode == "ar" else base if mode == "dflash2" else
+                    ScriptedDrafter(base, reference, len(prompt), lambda c: c % 4, target.vocab_size))
+    rs = run(target, tok, prompt, drafter=make(), max_tokens=n)
     assert len(rs) == n and rs[-1].finish_reason == "length"
     assert rs[-1].stats.generation_tokens == n
     assert [r.generation_tokens for r in rs] == list(range(1, n + 1))
     s = rs[-1].stats
-    assert s.target_passes == (n - 1 if mode == "ar" else s.target_passes)
+    if mode == "ar":
+        assert s.target_passes == n - 1
+    else:
+        # Counted independently: the decode loop yields one step per target pass after the prefill token...
+        steps = list(speculative_generate_step(prompt, Pair.make(target, make()), max_tokens=n))
+        assert [t for step in steps for t in step.tokens] == token_ids(rs)
+        assert s.target_passes == len(steps) - 1
+        # ...and each pass commits its accepted drafts then the target's own token, unless max_tokens
+        # cut the last block first: passes = tokens after the prefill - accepted drafts (+ a cut pass).
+        accepted = sum(r.from_draft for r in rs)
+        cut = int(rs[-1].from_draft)
+        assert s.target_passes == n - 1 - accepted + cut
+        if accepted > cut:  # drafts were accepted: fewer passes than tokens
+            assert s.target_passes < n - 1
     assert sum((k + 1) * c for k, c in enumerate(s.acceptance_histogram)) == n - 1
 
 

@@ -1,5 +1,5 @@
 """Strict drafter loading in the released layouts, target loading, and one clear
-error per broken variant (spec §3)."""
+error per broken variant (tensors named in docs/algorithm.md §1–§3)."""
 
 import json
 import math

@@ -1,7 +1,7 @@
 """Greedy speculative decoding must be token-identical to plain greedy decoding.
 
-On the CPU backend a block forward is bitwise equal to the same tokens fed one
-by one (platform.md), so equality is asserted exactly.
+On MLX's CPU backend a block forward gives bitwise the same logits as the same
+tokens fed one by one (docs/algorithm.md §8), so equality is asserted exactly.
 """
 
 import pytest

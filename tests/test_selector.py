@@ -1,4 +1,4 @@
-"""The selector twins against brute-force references (spec §2.2)."""
+"""The selector twins against brute-force references (docs/algorithm.md §3, §4)."""
 
 import mlx.core as mx
 import numpy as np

@@ -3,7 +3,6 @@ exactly, trains only what is asked, exports a loadable released checkpoint,
 and refuses bad input with one clear error."""
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +24,8 @@ from helpers import ar_tokens, drafter_folder, target_folder
 
 DATA = [str(Path(sysconfig.get_paths()["stdlib"]) / "json")]
 SMALL = dict(kind="dflash2", num_layers=1, block_size=8, seq_len=64, selector_rank=32)
+# The `dflash2` command without PATH: cli/__main__.py runs the console script's entry.
+DFLASH2 = [sys.executable, "-m", "dflash2_mlx.cli"]
 
 
 def trainer(out, steps=12, save_every=6, **kw):
@@ -96,10 +97,9 @@ def test_two_processes_match_one(tmp_path):
     common = ["train", "--model", str(target_folder("qwen3")), "--data", DATA[0], "--steps", "4",
               "--batch-size", "4", "--blocks-per-seq", "4", "--seq-len", "64", "--block-size", "8",
               "--selector-rank", "32", "--save-every", "4", "--eval-every", "4"]
-    dflash2 = shutil.which("dflash2")
-    one = subprocess.run([dflash2, *common, "--out", str(tmp_path / "one")], capture_output=True, text=True)
+    one = subprocess.run([*DFLASH2, *common, "--out", str(tmp_path / "one")], capture_output=True, text=True)
     assert one.returncode == 0, one.stderr[-2000:]
-    two = subprocess.run([dflash2, *common, "--processes", "2", "--out", str(tmp_path / "two")],
+    two = subprocess.run([*DFLASH2, *common, "--processes", "2", "--out", str(tmp_path / "two")],
                          capture_output=True, text=True, timeout=600)
     assert two.returncode == 0, two.stderr[-2000:]
     a = mx.load(str(tmp_path / "one" / "drafter" / "model.safetensors"))
@@ -111,7 +111,7 @@ def test_two_processes_match_one(tmp_path):
 
 
 def test_a_failing_rank_is_one_error(tmp_path):
-    r = subprocess.run([shutil.which("dflash2"), "train", "--model", str(target_folder("qwen3")), "--data",
+    r = subprocess.run([*DFLASH2, "train", "--model", str(target_folder("qwen3")), "--data",
                         str(tmp_path / "missing.txt"), "--processes", "2", "--out", str(tmp_path / "run")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "Traceback" not in r.stderr

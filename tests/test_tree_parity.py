@@ -18,7 +18,7 @@ from dflash2_mlx.engine.decode.loop import speculative_generate_step
 from dflash2_mlx.engine.drafter.model import Drafter
 from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.engine.tree.build import build_tree, lattice_logprobs
-from helpers import FAMILIES, ScriptedDrafter, ar_tokens, load_pair_for
+from helpers import FAMILIES, ScriptedDrafter, ar_tokens, load_pair_for, node_ranks
 
 ATTENTION_ONLY = FAMILIES + ["gemma3_text", "muse_glimmer"]
 PROFILE = 8.0 - 0.8 * np.arange(6)  # logits of the six ranked candidates; every other token 0
@@ -56,6 +56,7 @@ class ScriptedTreeDrafter(ScriptedDrafter):
         logits = self._logits([self._ranked(t) for t in range(B - 1)])
         logq, cand = lattice_logprobs(self, logits, hidden, 0, 0.0, self.selector_transform)
         self.shape = build_tree(np.array(logq), np.array(cand), 0, self.rows)
+        self.ranks = node_ranks(self.shape, np.array(cand))
         return self.shape
 
     def draft(self, block_ids, features, cache, target):
@@ -67,7 +68,7 @@ class ScriptedTreeDrafter(ScriptedDrafter):
         self.cycle += 1
         self.scheduled.append(node)
         path = self.shape.path(node)[1:]
-        ranked = [self._ranked(t, want[t], self.shape.ranks[path[t]]) if t < len(path)
+        ranked = [self._ranked(t, want[t], self.ranks[path[t]]) if t < len(path)
                   else self._ranked(t, want[t]) if t == len(path) else self._ranked(t)
                   for t in range(B - 1)]
         return hidden, self._logits(ranked)
@@ -96,7 +97,7 @@ def test_scripted_tree_hits_every_node_and_matches_ar(family):
         # depth and every branch (rank) of the tree, was the stopping point once.
         assert [s.accepted for s in cycles] == [shape.depth[c % rows] for c in range(len(cycles))]
         assert len(cycles) == rows + 1
-        assert shape.max_depth > 1 and len(set(shape.ranks)) > 1, "the tree has no depth or no branches"
+        assert shape.max_depth > 1 and len(set(drafter.ranks)) > 1, "the tree has no depth or no branches"
 
 
 def _first_diff(a, b):

@@ -21,6 +21,7 @@ import json
 import platform
 import random
 import statistics
+import sys
 import time
 
 import mlx.core as mx
@@ -32,6 +33,7 @@ from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.engine.target.adapter import Target
 from dflash2_mlx.files import atomic_write_text
 from dflash2_mlx.text.generate import stream_generate
+from dflash2_mlx.tools.provenance import command_line, provenance
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number iteratively."
 
@@ -140,7 +142,8 @@ def main():
     tokens = 24 if args.quick else args.tokens
     rounds = 1 if args.quick else args.rounds
     sizes = [4, 16] if args.quick else [2, 4, 8, 16]
-    record = {"kind": "dflash2-gpu-check", "backend": backend_name(), "platform": platform.platform(),
+    record = {**provenance(command_line("python benchmarks/gpu/check.py", sys.argv[1:])),
+              "kind": "dflash2-gpu-check", "backend": backend_name(), "platform": platform.platform(),
               "mlx_version": mx.__version__, "quick": args.quick, "tokens": tokens, "rounds": rounds}
     try:
         record["device_name"] = mx.device_info().get("device_name", "")

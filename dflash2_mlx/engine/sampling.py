@@ -69,6 +69,15 @@ def make_logprobs_transform(params: SamplingParams) -> Callable[[mx.array], mx.a
     return transform
 
 
+def token_sampler(params: SamplingParams, transform: Callable[[mx.array], mx.array]):
+    """(logits [V], key) -> one token of the target distribution: the argmax
+    when greedy, else a draw from `transform(logits)` (built once, so the
+    loop never branches on temperature)."""
+    if params.greedy:
+        return lambda logits, key: greedy_token(logits)
+    return lambda logits, key: mx.random.categorical(transform(logits), key=key).astype(mx.int32)
+
+
 def greedy_token(logits: mx.array) -> mx.array:
     """The greedy pick; one function so AR and speculative paths tie-break alike."""
     return mx.argmax(logits, axis=-1).astype(mx.int32)

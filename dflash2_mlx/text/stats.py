@@ -1,4 +1,5 @@
-"""Generation statistics, defined once (spec §5) and reported everywhere."""
+"""Generation statistics, defined once and reported everywhere (τ and acceptance
+by position as in docs/algorithm.md §5)."""
 
 from dataclasses import asdict, dataclass
 from typing import Optional

@@ -30,8 +30,6 @@ from ..train.forward import packed_forward, target_features
 from ..train.packing import make_blocks, sample_anchors
 from ..train.setup import is_heldout
 
-VARIANTS = ("dflash", "dflash+selector", "dflash+conv", "dflash2")
-
 
 @dataclass
 class Tally:
@@ -186,9 +184,10 @@ def variant_cycles(pairs: dict, prompt: list[int], cycles: int = 10, repeats: in
 def analyze(pairs: dict, heldout: np.ndarray, *, prompt_len: int = 64, n_prompts: int = 16,
             max_tokens: int = 64, blocks_per_seq: int = 8, block_size: Optional[int] = None,
             cycles: int = 10, cycle_repeats: int = 5, tree_rows: int = 0) -> dict:
-    """Run every measurement for every variant; `pairs` maps VARIANTS names to
-    pairs of the one target with each variant's drafter. `tree_rows` > 0 also
-    decodes with trees of that many rows (τ beside the chain's and the oracle's)."""
+    """Run every measurement for every variant; `pairs` maps variant names
+    ("dflash", "dflash+selector", "dflash+conv", "dflash2") to pairs of the one
+    target with each variant's drafter. `tree_rows` > 0 also decodes with trees
+    of that many rows (τ beside the chain's and the oracle's)."""
     prompts = [heldout[i, :prompt_len].tolist() for i in range(min(n_prompts, len(heldout)))]
     base = pairs.get("dflash")
     result = {"variants": {}, "heldout_sequences": int(len(heldout)), "prompts": len(prompts),
@@ -228,7 +227,10 @@ def heldout_sequences(paths: list[str], tokenizer, seq_len: int, fraction: float
 
 def markdown(result: dict, command: str) -> str:
     """The seed's two tables, for our models."""
-    lines = [f"Command: `{command}`", "", f"Backend: {next(iter(result['variants'].values()))['cycle']['backend']}", ""]
+    lines = [f"Command: `{command}`", ""]
+    if "commit" in result:
+        lines += [f"Commit: {result['commit'] or 'unknown (not run from a git checkout)'}", ""]
+    lines += [f"Backend: {next(iter(result['variants'].values()))['cycle']['backend']}", ""]
     for name, rec in result["variants"].items():
         tf = rec["teacher_forced"]
         P = len(tf["recall1_by_position"])

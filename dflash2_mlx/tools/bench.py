@@ -11,7 +11,7 @@ the one record format: splitting them would split its definition.)
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable, Optional, Sequence, Union
 
 import mlx.core as mx
@@ -210,7 +210,7 @@ def run_bench(
             ref = ar_tokens[0]
             for i in range(len(runs) - repeats * len(configs), len(runs)):
                 if runs[i].mode != "ar":
-                    runs[i] = _with(runs[i], identical_to_ar=runs[i].token_ids == ref)
+                    runs[i] = replace(runs[i], identical_to_ar=runs[i].token_ids == ref)
     if on_run:  # after the last run too, so a progress display reaches total/total
         on_run(done, total, "done")
     cost = verify_cost(target, first_ids, [1] + [B for _, B, _ in configs if B != "auto" and B > 1],
@@ -234,12 +234,6 @@ def run_bench(
     }
     record["best_block_size"], record["verdict"] = verdict(summary, cost, record["machine"]["backend"])
     return record
-
-
-def _with(run: BenchRun, **changes) -> BenchRun:
-    from dataclasses import replace
-
-    return replace(run, **changes)
 
 
 def summarize(runs: list[BenchRun]) -> list[dict]:
@@ -316,18 +310,20 @@ def verdict(summary: list[dict], cost_ms: dict[int, float], backend: str) -> tup
         B, speed, tau = top["block_size"], top["speedup_decode"] or 0.0, top["mean_acceptance_length"]
         best[mode] = B
         name = mode_name(mode)
-        ratio = cost_ms.get(B, 0.0) / one if one and B != "auto" else 0.0
+        verify = cost_ms.get(B) if B != "auto" else None  # auto mixes block sizes: no one B-row verify
         if speed >= 1.0:
             lines.append(f"{name}: best block size on this machine is {B} ({speed:.2f}x plain decoding after "
                          f"prefill, tau {tau:.2f} tokens per target pass).")
         else:
             # Time per cycle in plain-decoding steps: tau tokens per cycle at `speed` times the AR rate.
             cycle = tau / speed if speed else float("inf")
+            split = (f" (the {B}-row verify alone {verify / one:.1f}x, measured; drafting and bookkeeping the rest)"
+                     if verify and one else " (block auto picks a block size per cycle, plain steps included, so "
+                     "no one verify cost applies)" if B == "auto" else " (the verify cost was not measured)")
             lines.append(
                 f"{name} is slower than plain decoding here at every block size tried (best: block {B} at "
                 f"{speed:.2f}x). Why: each cycle commits tau = {tau:.2f} tokens but costs about {cycle:.1f}x a "
-                f"plain decoding step (the {B}-row verify alone {ratio:.1f}x, measured; drafting and bookkeeping "
-                "the rest). Speculation wins only when tau exceeds the cycle cost.")
+                f"plain decoding step{split}. Speculation wins only when tau exceeds the cycle cost.")
         if tau < 1.2 and B != "auto":  # auto's tau also counts plain steps
             lines.append(f"{name}: acceptance is near zero (tau {tau:.2f}): the drafter does not predict this "
                          "target; check the pair with `dflash2 doctor`.")
@@ -354,6 +350,8 @@ def markdown(record: dict) -> str:
         f"{len(record['prompts'])} prompts, max {s['max_tokens']} tokens, temperature {s['temperature']}, "
         f"{s['repeats']} repeats (medians).",
         "",
+        *([f"Command: `{record['command']}` at commit {record.get('commit') or 'unknown'}.", ""]
+          if record.get("command") else []),
         "| mode | block | decode tok/s | end-to-end tok/s | speedup (decode) | speedup (e2e) | tau | acceptance by position | peak GB | identical to AR |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]

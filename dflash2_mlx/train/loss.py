@@ -1,4 +1,4 @@
-"""Drafter losses and teacher-forced metrics (spec §4, §5)."""
+"""Drafter losses (the block of docs/algorithm.md §1, the selector of §3) and teacher-forced metrics."""
 
 import math
 
@@ -51,7 +51,7 @@ def selector_loss(drafter, logits, hidden, block_inputs, labels, selector_transf
 
 
 def recall_by_position(logits: mx.array, labels: mx.array, K: int) -> tuple[mx.array, mx.array, mx.array]:
-    """Conditional Recall@1 and Recall@K per position (spec §5), as counts.
+    """Conditional Recall@1 and Recall@K per position, as counts.
 
     Recall@1 at t counts blocks whose earlier positions were all right at
     top-1; Recall@K at t those whose earlier true tokens were all in the top-K

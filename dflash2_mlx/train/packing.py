@@ -1,4 +1,4 @@
-"""Many training blocks per sequence in one drafter pass (spec §4).
+"""Many training blocks per sequence in one drafter pass (the block of docs/algorithm.md §1).
 
 Each block `[x_anchor, MASK, ...]` becomes one row of the batch; its queries
 see the context rows strictly before its anchor and its own block, nothing

@@ -2,7 +2,8 @@
 
     python recipes/builtin_drafters/make_data.py OUT_DIR [--shard I --shards N]
 
-Drafters must learn the target's own distribution (spec §4), so each prompt
+Drafters must learn the target's own distribution (verification accepts
+against it: docs/algorithm.md §6), so each prompt
 (a run of lines from a stdlib file) is continued by the target, sampled at
 T=1, and stored as JSONL {"prompt", "response"}. Train prompts come from the
 target's training modules, held-out prompts from its held-out modules (the

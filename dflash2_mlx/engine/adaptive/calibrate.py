@@ -25,8 +25,9 @@ import mlx.nn as nn
 from ...device import backend_name
 from ...errors import DFlashError
 from ...files import atomic_write_text
-from .policy import AcceptanceEstimate, BlockPolicy, CostTable, FixedPolicy
+from .policy import AcceptanceEstimate, BlockPolicy, CostTable
 from ..decode.loop import speculative_generate_step
+from ..decode.state import FixedBlock
 from ..pair import Pair
 from ..decode.profile import CycleProfiler
 
@@ -116,19 +117,19 @@ def _pass_times(pair: Pair, prompt_ids, policy, passes: int, profiler=None) -> t
 def measure(pair: Pair, prompt_ids: Sequence[int], sizes: Sequence[int] = SIZES, cycles: int = 6) -> Calibration:
     """Run the decode loop plainly and at each block size; a few seconds."""
     sizes = sorted({B for B in sizes if 2 <= B <= pair.max_block_size} | {2, pair.max_block_size})
-    plain = statistics.median(_pass_times(pair, prompt_ids, FixedPolicy(1), 3 * cycles)[0])
+    plain = statistics.median(_pass_times(pair, prompt_ids, FixedBlock(1), 3 * cycles)[0])
     cycle, verify, draft = {}, {}, {}
     M = pair.max_block_size - 1
     reached, hit = [0] * M, [0] * M
     for B in sizes:
-        times, steps = _pass_times(pair, prompt_ids, FixedPolicy(B), cycles)
+        times, steps = _pass_times(pair, prompt_ids, FixedBlock(B), cycles)
         cycle[B] = statistics.median(times)
         for s in steps:
             for t in range(min(s.accepted + 1, s.drafted)):
                 reached[t] += 1
                 hit[t] += t < s.accepted
         profiler = CycleProfiler(timed=True)
-        _pass_times(pair, prompt_ids, FixedPolicy(B), 3, profiler)
+        _pass_times(pair, prompt_ids, FixedBlock(B), 3, profiler)
         n = profiler.fetches
         verify[B] = profiler.seconds["verify"] / n
         draft[B] = (profiler.seconds["draft"] + profiler.seconds["select"]) / n

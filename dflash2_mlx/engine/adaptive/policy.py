@@ -14,7 +14,8 @@ speculative or plain, commits tokens from the target's own distribution.
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from enum import Enum
 from typing import Callable, Optional, Sequence
 
 
@@ -126,29 +127,44 @@ class PolicyReport:
     probes: int = 0
 
 
-class FixedPolicy:
-    """The same block size every cycle (1: plain steps), never past the tokens wanted."""
+class Mode(Enum):
+    """Where a `BlockPolicy` stands between two decisions."""
 
-    def __init__(self, block_size: int):
-        self.block_size = block_size
+    DRAFTING = "drafting"  # speculative cycles while they beat plain decoding
+    WAITING = "waiting"  # plain steps; a probe cycle after `plain_left` more
+    PROBING = "probing"  # a probe cycle is running; its outcome decides what follows
+    PLAIN_ONLY = "plain only"  # no block can ever beat plain decoding: never probe
 
-    def next_block(self, tokens_left: int) -> int:
-        return 1 if self.block_size == 1 else max(2, min(self.block_size, tokens_left + 1))
 
-    def observe(self, drafted: int, accepted: int) -> None:
-        pass
+@dataclass(frozen=True)
+class Decision:
+    """One cycle's block and the policy state it leads to, computed without
+    changing the policy; `record` makes it happen. (A `decode.state.Choice`
+    with more to say; this module stays free of MLX.)"""
+
+    block: int  # 1: a plain decoding step
+    mode: Mode = Mode.DRAFTING
+    plain_left: int = 0  # plain steps before the next probe (WAITING)
+    fallback: Optional[str] = None  # why drafting stopped, when it stops with this decision
+
+
+@dataclass(frozen=True)
+class _Timed:
+    at: float  # clock reading when the decision was recorded
+    block: int
+    previous: Optional[int]  # the block decided before it
 
 
 class BlockPolicy:
     """Chooses the block size of every cycle; 1 means a plain decoding step.
 
-    `next_block(tokens_left)` is asked before each cycle (a plain step counts
-    as decided when it is returned); `observe(drafted, accepted)` is told the
-    outcome of every speculative cycle.
+    `choose(tokens_left)` is asked before each cycle and changes nothing;
+    `record(decision)` commits the decision the loop acts on;
+    `observe(drafted, accepted)` is told the outcome of every speculative cycle.
 
-    With a `clock`, the time between consecutive decisions is what the last
-    decision cost (the consumer's share of each token included), and the
-    calibrated costs are scaled online, one factor for plain steps and one
+    With a `clock`, the time between consecutive recorded decisions is what
+    the earlier one cost (the consumer's share of each token included), and
+    the calibrated costs are scaled online, one factor for plain steps and one
     for cycles: the calibration was measured once, on a short context and
     maybe while the machine was busy; this run's costs are what count.
     """
@@ -163,13 +179,12 @@ class BlockPolicy:
         self.margin, self.probe_budget, self.max_probe_interval = margin, probe_budget, max_probe_interval
         self.report = PolicyReport()
         self.tokens = 0  # tokens committed through this policy so far
-        self._plain = False  # decoding plainly between probes
-        self._plain_left = 0  # plain steps until the next probe (None: never probe)
+        self.mode = Mode.DRAFTING
+        self.plain_left = 0  # plain steps until the next probe, in WAITING
         self._losing_probes = 0
-        self._probing = False
         self.clock, self.cost_weight = clock, cost_weight
         self.scale = {"plain": 1.0, "spec": 1.0}  # measured / calibrated cost, learned online
-        self._last: Optional[tuple[float, int, Optional[int]]] = None  # (time, block, block before)
+        self._last: Optional[_Timed] = None
 
     # -- the model -----------------------------------------------------------------
     def plain_cost(self) -> float:
@@ -193,89 +208,87 @@ class BlockPolicy:
         # Even if every draft were accepted (B tokens per cycle) plain decoding is faster.
         return any(B / self.cycle_cost(B) > self.rate(1) for B in range(2, self.max_block + 1))
 
-    # -- the loop's questions ----------------------------------------------------------
-    def next_block(self, tokens_left: int) -> int:
-        B = self._decide(tokens_left)
-        self._tick(B)
-        return B
-
-    def _decide(self, tokens_left: int) -> int:
+    # -- the loop's calls --------------------------------------------------------------
+    def choose(self, tokens_left: int) -> Decision:
+        """The next cycle's block size (1: plain), and the state it leads to."""
         if tokens_left <= 1:
-            return self._count_plain()
-        if self._plain:
-            if self._plain_left is None or self._plain_left > 0:
-                return self._count_plain()
-            self._probing = True
-            self.report.probes += 1
-            return self.best_block(tokens_left)
+            return self._plain_step(self.mode, self.plain_left)
+        if self.mode is not Mode.DRAFTING:
+            if self.mode is Mode.PLAIN_ONLY or self.plain_left > 0:
+                return self._plain_step(self.mode, self.plain_left)
+            return Decision(self.best_block(tokens_left), Mode.PROBING)
         B = self.best_block(tokens_left)
         # Hysteresis: keep drafting while it beats plain decoding at all; start
         # again (after a probe) only when it beats it by `margin`.
         if self.rate(B) > self.rate(1):
-            return B
-        self._fall_back(B)
-        return self._count_plain()
+            return Decision(B)
+        mode, wait = self._next_probe(B)
+        return replace(self._plain_step(mode, wait), fallback=self._why_plain(B))
+
+    def record(self, decision: Decision) -> None:
+        """Act on `decision`: the loop runs it now."""
+        if decision.fallback is not None:
+            self.report.fallbacks.append((self.tokens, decision.fallback))
+        if decision.mode is Mode.PROBING:  # only a probe cycle leads there
+            self.report.probes += 1
+        if decision.block == 1:
+            self.tokens += 1
+        self.mode, self.plain_left = decision.mode, decision.plain_left
+        self._tick(decision.block)
 
     def observe(self, drafted: int, accepted: int) -> None:
         expected = self.acceptance.expected_tokens(drafted + 1)
         self.acceptance.observe(drafted, accepted)
         self.tokens += accepted + 1
-        if not self._probing:
+        if self.mode is not Mode.PROBING:
             return
-        self._probing = False
         B = self.best_block(self.max_block)
         if self.rate(B) > self.rate(1) * (1.0 + self.margin):
-            self._plain, self._losing_probes = False, 0  # drafting pays again
+            self.mode, self._losing_probes = Mode.DRAFTING, 0  # drafting pays again
         else:
             # Back off while probes confirm the estimate; one that did better
             # than expected is followed up at the base interval.
             self._losing_probes = 0 if accepted + 1 > expected else self._losing_probes + 1
-            self._schedule_probe(B)
+            self.mode, self.plain_left = self._next_probe(B)
 
     # -- internals --------------------------------------------------------------------
+    @staticmethod
+    def _plain_step(mode: Mode, plain_left: int) -> Decision:
+        """A plain step, one nearer to the next probe while waiting for one."""
+        if mode is Mode.PROBING:  # a probe that was never observed: probe again
+            mode = Mode.WAITING
+        return Decision(1, mode, max(plain_left - 1, 0) if mode is Mode.WAITING else 0)
+
     def _tick(self, B: int) -> None:
         """Charge the time since the previous decision to that decision."""
         if self.clock is None:
             return
         now = self.clock()
-        if self._last is not None:
-            then, kind, before = self._last
-            # The first plain step after a cycle is only launched, not waited
-            # for, before the next decision: its interval says nothing.
-            if kind > 1 or before == 1:
-                predicted = self.costs.plain if kind == 1 else self.costs.cycle(kind)
-                ratio = min(max((now - then) / predicted, 0.25), 4.0)
-                key = "plain" if kind == 1 else "spec"
-                self.scale[key] += self.cost_weight * (ratio - self.scale[key])
-        self._last = (now, B, self._last[1] if self._last else None)
+        last = self._last
+        # The first plain step after a cycle is only launched, not waited for,
+        # before the next decision: its interval says nothing.
+        if last is not None and (last.block > 1 or last.previous == 1):
+            predicted = self.costs.plain if last.block == 1 else self.costs.cycle(last.block)
+            ratio = min(max((now - last.at) / predicted, 0.25), 4.0)
+            key = "plain" if last.block == 1 else "spec"
+            self.scale[key] += self.cost_weight * (ratio - self.scale[key])
+        self._last = _Timed(now, B, last.block if last else None)
 
-
-    def _count_plain(self) -> int:
-        self.tokens += 1
-        if self._plain and self._plain_left:
-            self._plain_left -= 1
-        return 1
-
-    def _fall_back(self, B: int) -> None:
-        self._plain = True
+    def _why_plain(self, B: int) -> str:
         E, cost = self.acceptance.expected_tokens(B), self.cycle_cost(B) / self.plain_cost()
         if not self._can_ever_win():
-            why = (f"even a fully accepted block cannot beat plain decoding here (a {B}-token cycle "
-                   f"costs {cost:.1f} plain steps)")
-        else:
-            why = (f"the best block, {B}, is expected to commit {E:.2f} tokens per cycle at the cost of "
-                   f"{cost:.1f} plain steps ({E / cost:.2f}x plain decoding)")
-        self.report.fallbacks.append((self.tokens, why))
-        self._schedule_probe(B)
+            return (f"even a fully accepted block cannot beat plain decoding here (a {B}-token cycle "
+                    f"costs {cost:.1f} plain steps)")
+        return (f"the best block, {B}, is expected to commit {E:.2f} tokens per cycle at the cost of "
+                f"{cost:.1f} plain steps ({E / cost:.2f}x plain decoding)")
 
-    def _schedule_probe(self, B: int) -> None:
+    def _next_probe(self, B: int) -> tuple[Mode, int]:
         """Wait long enough that a losing probe costs at most `probe_budget` of the time."""
         if not self._can_ever_win():
-            self._plain_left = None
-            return
+            return Mode.PLAIN_ONLY, 0
         loss = max(self.cycle_cost(B) / self.plain_cost() - self.acceptance.expected_tokens(B), 0.0)
         wait = math.ceil(loss / self.probe_budget) * (2 ** self._losing_probes)
-        self._plain_left = max(1, min(wait, self.max_probe_interval))
+        return Mode.WAITING, max(1, min(wait, self.max_probe_interval))
 
 
 def auto_decides(pair, block_size, tree_rows: int = 0) -> bool:

@@ -1,88 +1,47 @@
-"""Plain decoding steps inside the speculative loop (block size 1).
+"""Plain decoding: one token per target pass, written once.
 
-When drafting does not pay, the speculative loop decodes one token per target
-pass through its own caches, with mlx-lm's look-ahead: the next step is
-launched before the current token is fetched, so the device never waits for
-Python. Each step also captures the drafter's target layers (references to
-activations the pass computes anyway), so the rows decoded plainly reach the
-drafter cache before the next draft, in one batch, and the caches stay level:
-target cache = committed tokens - 1 = drafter cache + pending rows.
+`--ar`, the plain steps of `--block-size auto` and the calibration's plain
+measurement all run `PlainStep`, with mlx-lm's look-ahead: the loop launches
+the next step before it fetches the current token, so the device never waits
+for Python. When the pair has a drafter, each step also captures the
+drafter's target layers (references to activations the pass computes anyway),
+so the rows decoded plainly reach the drafter cache before the next draft.
 """
 
-from typing import Callable, Generator
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import mlx.core as mx
 
 from ..pair import Pair
-from ..sampling import split_key
-
-# Pending rows pushed into the drafter cache at once during long plain runs
-# (bounds the memory the captured features hold).
-FLUSH_ROWS = 256
+from ..target.adapter import Undo
+from .profile import CycleProfiler
+from .state import CycleOutcome, DecodeCache
 
 
-def plain_steps(
-    anchor: int,
-    pair: Pair,
-    cache,
-    pending: list,
-    *,
-    tokens_left: int,
-    sample: Callable[[mx.array, mx.array], mx.array],
-    key: mx.array,
-    next_block: Callable[[int], int],
-    make_step: Callable[..., object],
-    fetch: Callable[[mx.array, str], object],
-) -> Generator[object, None, tuple[int, int, mx.array, int]]:
-    """Decode plainly from `anchor` until `next_block` asks for a larger block
-    or no tokens are left. Yields one step per token; returns
-    (last token, the block size decided next (0: none left), key, tokens committed).
+@dataclass(frozen=True)
+class PlainStep:
+    """A launched one-token target pass whose token is not fetched yet."""
 
-    `pending` (a list of feature arrays [1, n, F]) receives the features of
-    every row run here; the caller owns it so an early close loses nothing.
-    """
-    target, drafter = pair.target, pair.drafter
-    launched = None  # the look-ahead step: (token, features, undo), not yet committed
+    token: mx.array  # the sampled next token (lazy)
+    features: Optional[mx.array] = None  # [1, 1, F] of the row this pass ran (None: no drafter)
+    undo: Optional[Undo] = None  # how to take the row back out of the target cache
+    rows: int = 1  # target rows run; 0 for the prefill's first token
 
-    def step(token: mx.array, key: mx.array):
-        logits, features, undo = target.forward_undoable(token.reshape(1, 1), cache.target, pair.layer_ids)
+    @classmethod
+    def launch(cls, pair: Pair, cache: DecodeCache, token: mx.array, sample: Callable, key) -> "PlainStep":
+        """Run `token` through the target and start sampling what follows it."""
+        logits, features, undo = pair.target.forward_undoable(token.reshape(1, 1), cache.target, pair.layer_ids)
         y = sample(logits[0, -1], key)
         mx.async_eval(y)
-        return y, features, undo
+        return cls(y, features, undo)
 
-    # The cache no longer ends with the last verified block (recurrent rewinds need that).
-    cache.last_verify = None
-    key, sub = split_key(key)
-    current = step(mx.array([anchor], dtype=mx.int32), sub)
-    n = 0
-    rows = sum(f.shape[1] for f in pending)  # counted once, not per token
-    try:
-        while True:
-            tokens_left -= 1
-            # Decide the next cycle before fetching this token, so a plain next
-            # step can be launched first.
-            decided = next_block(tokens_left) if tokens_left > 0 else 0
-            if decided == 1:
-                key, sub = split_key(key)
-                launched = step(current[0], sub)
-            token = fetch(current[0], "plain")
-            pending.append(current[1])
-            rows += 1
-            if rows >= FLUSH_ROWS:
-                _flush(drafter, cache, pending)
-                rows = 0
-            cache.tokens.append(token)
-            n += 1
-            yield make_step(token)
-            if launched is None:
-                return token, decided, key, n
-            current, launched = launched, None
-    finally:
-        if launched is not None:  # closed early: undo the look-ahead row
-            target.rollback(cache.target, launched[2], keep=0)
+    def finish(self, profiler: CycleProfiler) -> CycleOutcome:
+        """Fetch the token: the step's one host sync (the prefill's is not a decode pass)."""
+        token = profiler.fetch(self.token, "plain") if self.rows else self.token.item()
+        return CycleOutcome((token,), verify_rows=self.rows, features=self.features)
 
-
-def _flush(drafter, cache, pending: list) -> None:
-    drafter.append_context(mx.concatenate(pending, axis=1), cache.drafter)
-    mx.async_eval([c.state for c in cache.drafter])
-    pending.clear()
+    def cancel(self, pair: Pair, cache: DecodeCache) -> None:
+        """Undo a look-ahead that will not be committed (the loop was closed)."""
+        if self.undo is not None:
+            pair.target.rollback(cache.target, self.undo, keep=0)

@@ -1,4 +1,4 @@
-"""Acceptance rules for one verified block (spec §2.3).
+"""Acceptance rules for one verified block (docs/algorithm.md §6).
 
 Everything stays on the device: the caller fetches (accepted, bonus) in its one
 host synchronisation per cycle.
@@ -14,6 +14,15 @@ from ..sampling import greedy_token
 def _leading_run(ok: mx.array) -> mx.array:
     """Length of the leading run of True values."""
     return mx.sum(mx.cumprod(ok.astype(mx.int32))).astype(mx.int32)
+
+
+def residual(p: mx.array, q: mx.array) -> mx.array:
+    """normalise(max(p - q, 0)) per row (p where that is all zero): what a
+    rejected draw from q is replaced by, so the token is exactly p in total.
+    The one definition, for the chain and the tree."""
+    r = mx.maximum(p - q, 0.0)
+    mass = mx.sum(r, axis=-1, keepdims=True)
+    return mx.where(mass > 0, r / mx.where(mass > 0, mass, 1.0), p)
 
 
 def accept_greedy(draft: mx.array, logits: mx.array) -> tuple[mx.array, mx.array]:
@@ -49,10 +58,7 @@ def accept_sampled(
     q_draft = mx.take_along_axis(q_full, idx, axis=-1)[:, 0]
     u = mx.random.uniform(shape=p_draft.shape, key=k_accept)
     a = _leading_run(u * q_draft < p_draft)
-    residual = mx.maximum(p[:-1] - q_full, 0.0)
-    mass = mx.sum(residual, axis=-1, keepdims=True)
-    residual = mx.where(mass > 0, residual / mx.where(mass > 0, mass, 1.0), p[:-1])
     # One candidate bonus per possible stopping point; keep the one at a.
-    choices = mx.concatenate([residual, p[-1:]], axis=0)
+    choices = mx.concatenate([residual(p[:-1], q_full), p[-1:]], axis=0)
     bonus = mx.random.categorical(mx.log(choices), axis=-1, key=k_bonus).astype(mx.int32)
     return a, bonus[a]

@@ -170,10 +170,6 @@ class DrafterConfig:
     def kind(self) -> str:
         return "dflash2" if self.is_dflash2 else "dflash"
 
-    @property
-    def conv_groups(self) -> int:
-        return self.hidden_size // self.conv_group_size
-
     def resolve_layer_ids(self, num_target_layers: int) -> list[int]:
         """Layer ids to tap, falling back to the default formula for the target."""
         if self.target_layer_ids is not None:

@@ -21,7 +21,7 @@ from mlx_lm.models.cache import (
 
 from .caches import RecurrentCache, RecurrentSnapshot, WindowKVCache
 from ...errors import UnsupportedModelError
-from .families import FAMILIES, Family  # noqa: F401  (Family: re-exported for callers)
+from .families import FAMILIES, Family, run_layers  # noqa: F401  (Family: re-exported for callers)
 from ..logit_transform import IDENTITY, LogitTransform, apply_logit_transform
 
 # Rows a verify block may roll back by default: the largest released DFlash
@@ -76,7 +76,9 @@ class Target:
         self._text = getattr(model, "language_model", model)
         self._inner = inner
         self._family = family
-        self._layer_loop = family.layer_loop
+        # The layers this process runs; cache i belongs to layer i (a pipelined
+        # target runs a slice of them).
+        self._layers = inner.layers
 
     # -- shapes ---------------------------------------------------------------
     @property
@@ -219,12 +221,13 @@ class Target:
                 c.cache = list(arrays)
                 c.offset = offset
                 if keep > 0:
-                    self._family.replay(self._inner.layers[i], snapshot.inputs[i][:, :keep], c)
+                    self._family.replay(self._layers[i], snapshot.inputs[i][:, :keep], c)
 
     def _forward(self, tokens, cache, layer_ids, last_logits_only, record):
         ids = list(layer_ids)
         h = self.embed(tokens)
-        h, captured = self._layer_loop(self._inner, h, cache, set(ids), record)
+        h, captured = run_layers(self._family, self._inner, self._layers, h, cache, set(ids), record)
+        h = self._inner.norm(h)
         if last_logits_only:
             h = h[:, -1:]
         logits = self.lm_head(h)

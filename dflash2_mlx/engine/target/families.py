@@ -1,10 +1,12 @@
-"""Per-family pieces of the target adapter.
+"""Per-family pieces of the target adapter, and the one layer loop.
 
-Each layer loop makes the same calls, in the same order, as its mlx-lm
-model's own `__call__` (masks per layer kind, norms), and also returns the
-residual stream at the output of the `layer_ids` layers. A loop that meets
-recurrent layers writes each one's input rows into `record` when asked, so the
-target can re-run those layers' mixers after a rollback (see caches.py).
+`run_layers` makes the same calls, in the same order, as each mlx-lm model's
+own `__call__`, and also returns the residual stream at the output of the
+`layer_ids` layers. Families differ in which mask each layer gets (the
+`masks` choice), the embedding, the head's logit transform and how a
+recurrent layer replays. The loop writes each recurrent layer's input rows
+into `record` when asked, so the target can re-run those layers' mixers
+after a rollback (see caches.py).
 """
 
 from dataclasses import dataclass
@@ -18,34 +20,43 @@ from ...errors import UnsupportedModelError
 from ..logit_transform import LogitTransform
 
 
-def _standard_layer_loop(inner: nn.Module, h: mx.array, cache: list, layer_ids: set[int], record=None):
-    """Qwen3, Qwen2, Qwen3-MoE: one mask from cache[0], plain layers."""
-    mask = create_attention_mask(h, cache[0])
+def run_layers(family: "Family", inner: nn.Module, layers: list, h: mx.array, cache: list,
+               layer_ids: set[int], record=None) -> tuple[mx.array, dict[int, mx.array]]:
+    """The one layer loop: each layer with the mask its family gives it, the
+    outputs of `layer_ids` captured, and (when `record` is given) the input
+    rows of every recurrent layer written into it. Returns the last layer's
+    output, not yet normed, and the captured outputs."""
+    masks = family.masks(inner, layers, h, cache)
     captured = {}
-    for i, (layer, c) in enumerate(zip(inner.layers, cache)):
+    for i, (layer, c, mask) in enumerate(zip(layers, cache, masks)):
+        if record is not None and getattr(layer, "is_linear", False):
+            record[i] = h
         h = layer(h, mask, c)
         if i in layer_ids:
             captured[i] = h
-    return inner.norm(h), captured
+    return h, captured
 
 
-def _llama_layer_loop(inner: nn.Module, h: mx.array, cache: list, layer_ids: set[int], record=None):
+# -- the per-family mask choice: one mask per layer, made as the model's own `__call__` makes it
+
+
+def _one_mask(inner, layers, h, cache) -> list:
+    """Qwen3, Qwen2, Qwen3-MoE: one mask from cache[0] for every layer."""
+    return [create_attention_mask(h, cache[0])] * len(layers)
+
+
+def _llama_masks(inner, layers, h, cache) -> list:
     """`LlamaModel.__call__` (also Mistral): a full-attention mask and, when the
     model has sliding layers, a window mask from the first sliding layer's cache.
-    Without sliding layers fa_idx is 0, so this is the standard loop exactly."""
+    Without sliding layers fa_idx is 0, so this is the one-mask choice exactly."""
     fa_mask = create_attention_mask(h, cache[inner.fa_idx])
     swa_mask = None
     if inner.swa_idx is not None:
         swa_mask = create_attention_mask(h, cache[inner.swa_idx], window_size=inner.sliding_window)
-    captured = {}
-    for i, (layer, c) in enumerate(zip(inner.layers, cache)):
-        h = layer(h, swa_mask if layer.use_sliding else fa_mask, c)
-        if i in layer_ids:
-            captured[i] = h
-    return inner.norm(h), captured
+    return [swa_mask if layer.use_sliding else fa_mask for layer in layers]
 
 
-def _hybrid_layer_loop(inner: nn.Module, h: mx.array, cache: list, layer_ids: set[int], record=None):
+def _hybrid_masks(inner, layers, h, cache) -> list:
     """`Qwen3NextModel` / `Qwen3_5TextModel.__call__`: Gated DeltaNet layers get
     the ssm mask of the first recurrent cache, attention layers the causal mask
     of the first attention cache."""
@@ -54,14 +65,7 @@ def _hybrid_layer_loop(inner: nn.Module, h: mx.array, cache: list, layer_ids: se
         fa_mask = create_attention_mask(h, cache[inner.fa_idx])
     if inner.ssm_idx is not None:
         ssm_mask = create_ssm_mask(h, cache[inner.ssm_idx])
-    captured = {}
-    for i, (layer, c) in enumerate(zip(inner.layers, cache)):
-        if record is not None and layer.is_linear:
-            record[i] = h
-        h = layer(h, mask=ssm_mask if layer.is_linear else fa_mask, cache=c)
-        if i in layer_ids:
-            captured[i] = h
-    return inner.norm(h), captured
+    return [ssm_mask if layer.is_linear else fa_mask for layer in layers]
 
 
 def _replay_gated_deltanet(layer: nn.Module, h: mx.array, cache) -> None:
@@ -73,22 +77,30 @@ def _replay_gated_deltanet(layer: nn.Module, h: mx.array, cache) -> None:
     layer.linear_attn(layer.input_layernorm(h), create_ssm_mask(h, cache), cache)
 
 
-def _muse_glimmer_layer_loop(inner: nn.Module, h: mx.array, cache: list, layer_ids: set[int], record=None):
-    """`MuseGlimmerModel.__call__`: before any layer runs, one mask per layer
-    type from the first cache of that type; sliding layers get the window."""
+def _muse_glimmer_masks(inner, layers, h, cache) -> list:
+    """`MuseGlimmerModel.__call__`: one mask per layer type from the first cache
+    of that type; sliding layers get the window."""
     made, masks = {}, []
-    for layer, c in zip(inner.layers, cache):
+    for layer, c in zip(layers, cache):
         kind = layer.self_attn.layer_type
         if kind not in made:
             window = inner.window if kind == "sliding_attention" else None
             made[kind] = create_attention_mask(h, c, window_size=window)
         masks.append(made[kind])
-    captured = {}
-    for i, (layer, c, mask) in enumerate(zip(inner.layers, cache, masks)):
-        h = layer(h, mask, c)
-        if i in layer_ids:
-            captured[i] = h
-    return inner.norm(h), captured
+    return masks
+
+
+def _gemma3_masks(inner, layers, h, cache) -> list:
+    """`Gemma3Model.__call__` (gemma3_text): the global mask from the first global
+    layer's cache (index `sliding_window_pattern - 1`), the window mask from
+    cache[0] when there are sliding layers; layer i is global when
+    i % pattern == pattern - 1."""
+    pattern = inner.sliding_window_pattern
+    global_mask = create_attention_mask(h, cache[pattern - 1])
+    window_mask = None
+    if pattern > 1:
+        window_mask = create_attention_mask(h, cache[0], window_size=inner.window_size)
+    return [global_mask if i % pattern == pattern - 1 else window_mask for i in range(len(layers))]
 
 
 def _muse_glimmer_embed(inner: nn.Module, tokens: mx.array) -> mx.array:
@@ -100,25 +112,6 @@ def _muse_glimmer_embed(inner: nn.Module, tokens: mx.array) -> mx.array:
 def _muse_glimmer_transform(args) -> LogitTransform:
     # `Model.__call__` after the head: output multiplier, then the softcap.
     return LogitTransform(args.output_multiplier, args.final_logit_softcapping)
-
-
-def _gemma3_layer_loop(inner: nn.Module, h: mx.array, cache: list, layer_ids: set[int], record=None):
-    """`Gemma3Model.__call__` (gemma3_text): the global mask from the first global
-    layer's cache (index `sliding_window_pattern - 1`), the window mask from
-    cache[0] when there are sliding layers; layer i is global when
-    i % pattern == pattern - 1."""
-    pattern = inner.sliding_window_pattern
-    global_mask = create_attention_mask(h, cache[pattern - 1])
-    sliding_window_mask = None
-    if pattern > 1:
-        sliding_window_mask = create_attention_mask(h, cache[0], window_size=inner.window_size)
-    captured = {}
-    for i, (layer, c) in enumerate(zip(inner.layers, cache)):
-        is_global = i % pattern == pattern - 1
-        h = layer(h, global_mask if is_global else sliding_window_mask, c)
-        if i in layer_ids:
-            captured[i] = h
-    return inner.norm(h), captured
 
 
 def _gemma3_embed(inner: nn.Module, tokens: mx.array) -> mx.array:
@@ -150,7 +143,8 @@ def _gemma3_check(model: nn.Module) -> None:
 class Family:
     """How to run one mlx-lm model family as a DFlash target.
 
-    layer_loop(inner, h, cache, layer_ids, record) -> (normed h, {id: h})
+    masks(inner, layers, h, cache) -> one attention mask per layer, as the
+    model's own `__call__` makes them (the layer loop itself is `run_layers`).
     check(model) raises `UnsupportedModelError` for variants the loop does not follow.
     embed(inner, tokens) replaces a plain `embed_tokens` lookup.
     logit_transform(args) -> the `LogitTransform` the model applies after its LM
@@ -158,29 +152,29 @@ class Family:
     replay(layer, h, cache) advances a recurrent layer over its input rows.
     """
 
-    layer_loop: Callable
+    masks: Callable
     check: Optional[Callable[[nn.Module], None]] = None
     embed: Optional[Callable] = None
     logit_transform: Optional[Callable] = None
     replay: Optional[Callable] = None
 
 
-_HYBRID = Family(_hybrid_layer_loop, replay=_replay_gated_deltanet)
+_HYBRID = Family(_hybrid_masks, replay=_replay_gated_deltanet)
 
 FAMILIES: dict[str, Family] = {
-    "qwen3": Family(_standard_layer_loop),
-    "qwen2": Family(_standard_layer_loop),
-    "qwen3_moe": Family(_standard_layer_loop),
-    "llama": Family(_llama_layer_loop),
-    "mistral": Family(_llama_layer_loop),
+    "qwen3": Family(_one_mask),
+    "qwen2": Family(_one_mask),
+    "qwen3_moe": Family(_one_mask),
+    "llama": Family(_llama_masks),
+    "mistral": Family(_llama_masks),
     "qwen3_5": _HYBRID,
     "qwen3_5_moe": _HYBRID,
     "qwen3_next": _HYBRID,
     "muse_glimmer": Family(
-        _muse_glimmer_layer_loop, embed=_muse_glimmer_embed,
+        _muse_glimmer_masks, embed=_muse_glimmer_embed,
         logit_transform=_muse_glimmer_transform,
     ),
     "gemma3_text": Family(
-        _gemma3_layer_loop, check=_gemma3_check, embed=_gemma3_embed,
+        _gemma3_masks, check=_gemma3_check, embed=_gemma3_embed,
     ),
 }

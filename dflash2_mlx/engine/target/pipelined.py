@@ -11,21 +11,12 @@ makes the whole features on every rank; adding zeros is exact, so they are
 bitwise what one process computes.
 """
 
-from types import SimpleNamespace
-
 import mlx.core as mx
 import mlx.nn as nn
 
 from .collectives import CollectiveClock
 from .adapter import DEFAULT_MAX_BLOCK, Target
-
-
-def _local_view(inner, norm) -> SimpleNamespace:
-    """The pieces of the inner model a family layer loop and rollback read,
-    restricted to this rank's layers (indices local, as the caches are)."""
-    return SimpleNamespace(layers=inner.pipeline_layers, norm=norm, embed_tokens=inner.embed_tokens,
-                           fa_idx=getattr(inner, "fa_idx", None), ssm_idx=getattr(inner, "ssm_idx", None),
-                           args=getattr(inner, "args", None))
+from .families import run_layers
 
 
 class PipelinedTarget(Target):
@@ -39,16 +30,9 @@ class PipelinedTarget(Target):
         inner.pipeline(group)
         self.group = group
         self.collectives = collectives
-        self._model_inner = inner
         self._start = inner.start_idx
-        # Rollback and the layer loop index caches locally; the loop's norm is
-        # applied only after the all_gather.
-        self._inner = _local_view(inner, inner.norm)
-        self._loop_view = _local_view(inner, lambda h: h)
-
-    @property
-    def ranks(self) -> int:
-        return self.group.size()
+        # This rank's layers, indexed locally as its caches are (rollback too).
+        self._layers = inner.pipeline_layers
 
     @property
     def num_layers(self) -> int:
@@ -57,7 +41,7 @@ class PipelinedTarget(Target):
     def _forward(self, tokens, cache, layer_ids, last_logits_only, record):
         clock, group = self.collectives, self.group
         clock.begin_pass()
-        r, n = self._model_inner.pipeline_rank, self._model_inner.pipeline_size
+        r, n = self._inner.pipeline_rank, self._inner.pipeline_size
         ids = list(layer_ids)
         h = self.embed(tokens)
         captured = {}
@@ -69,8 +53,8 @@ class PipelinedTarget(Target):
         # one's output as input: one chain, the same order on every rank.
         for stage in reversed(range(n)):
             if stage == r:
-                local = {i - self._start for i in ids if 0 <= i - self._start < len(self._loop_view.layers)}
-                h, captured = self._layer_loop(self._loop_view, h, cache, local, record)
+                local = {i - self._start for i in ids if 0 <= i - self._start < len(self._layers)}
+                h, captured = run_layers(self._family, self._inner, self._layers, h, cache, local, record)
             else:  # zeros that still wait for `h` (zeros_like alone has no inputs)
                 h = mx.depends(mx.zeros_like(h), h)
             h = clock.run(lambda x: mx.distributed.all_sum(x, group=group), h)

@@ -35,10 +35,6 @@ class ShardedTarget(Target):
         self._head_group: Optional[mx.distributed.Group] = getattr(self._text, "sharding_group", None)
 
     @property
-    def ranks(self) -> int:
-        return self.group.size()
-
-    @property
     def vocab_size(self) -> int:
         if self._head_group is not None and not self.tied_embeddings:
             return self._text.lm_head.weight.shape[0] * self._head_group.size()

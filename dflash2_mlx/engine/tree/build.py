@@ -29,16 +29,13 @@ class DraftTree:
     """Nodes in best-first order: node 0 is the anchor, a parent always comes
     before its children, siblings carry distinct tokens."""
 
-    def __init__(self, tokens, parents, ranks, proposals=None):
+    def __init__(self, tokens, parents, proposals=None):
         self.tokens = tuple(int(t) for t in tokens)
         # proposals[node] = (child node, candidate tokens [K], q [K]): that child
         # was *drawn* from q (the sampled spine, T > 0); acceptance must treat it
         # by rejection sampling against q (tree_verify.accept_tree).
         self.proposals: dict[int, tuple[int, list[int], list[float]]] = dict(proposals or {})
         self.parents = tuple(int(p) for p in parents)
-        # ranks[j]: node j's candidate index at its position (0 = the drafter's
-        # best there); tells tests which branch a walk took.
-        self.ranks = tuple(int(r) for r in ranks)
         depth = [0] * len(self.tokens)
         self.children: list[dict[int, int]] = [dict() for _ in self.tokens]
         for j in range(1, len(self.tokens)):
@@ -103,13 +100,12 @@ def build_tree(logq: np.ndarray, cand: np.ndarray, anchor: int, rows: int,
         raise ValueError(f"a draft tree needs at least 2 rows (anchor and one draft), got {rows}")
     T, K = cand.shape
     depth_cap = T if max_depth is None else min(T, max_depth)
-    tokens, parents, ranks, proposals = [anchor], [-1], [0], {}
+    tokens, parents, proposals = [anchor], [-1], {}
     heap: list = []  # (-score, depth, rank path, parent node, candidate index)
 
     def add(d: int, parent: int, c: int) -> int:
         tokens.append(int(cand[d - 1, c]))
         parents.append(parent)
-        ranks.append(c)
         return len(tokens) - 1
 
     def expand(node: int, d: int, neg: float, key: tuple, skip: int = -1) -> None:
@@ -132,7 +128,7 @@ def build_tree(logq: np.ndarray, cand: np.ndarray, anchor: int, rows: int,
     while heap and len(tokens) < rows:
         neg, d, key, parent, c = heapq.heappop(heap)
         expand(add(d, parent, c), d, neg, key)
-    return DraftTree(tokens, parents, ranks, proposals)
+    return DraftTree(tokens, parents, proposals)
 
 
 def sample_spine(logq: np.ndarray, uniforms: np.ndarray, length: int) -> list[int]:

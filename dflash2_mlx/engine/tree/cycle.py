@@ -1,29 +1,20 @@
 """One tree cycle of speculative decoding: draft, build the tree, verify it
 in one target pass, walk it, write the accepted path into the caches.
 
-`speculative_generate_step` runs `tree_cycle` instead of its chain cycle
-when asked for tree rows (docs/tree.md); the rest of the loop is shared.
+The decode loop runs `tree_cycle` instead of the chain cycle when asked for
+tree rows (docs/tree.md); both return a `CycleOutcome` for the loop's one
+commit tail.
 """
 
 import warnings
-from dataclasses import dataclass
-
 import mlx.core as mx
 import numpy as np
 
 from ...errors import DFlashError
+from ..decode.state import CycleOutcome
 from ..sampling import split_key
-from .build import DraftTree, build_tree, lattice_logprobs, sample_spine
+from .build import build_tree, lattice_logprobs, sample_spine
 from .verify import accept_tree, branch_blocker, commit, tree_forward, tree_views
-
-
-@dataclass(frozen=True)
-class TreeOutcome:
-    tokens: tuple[int, ...]  # accepted drafts, then the target's own token
-    accepted: int  # drafts accepted: the accepted path's depth
-    pending: mx.array  # features [1, kept, F] of the rows now in the target cache
-    tree: DraftTree
-    path: tuple[int, ...]  # accepted nodes, root first
 
 
 def tree_rows_for(pair, rows: int) -> int:
@@ -48,9 +39,11 @@ def spine_length(rows: int, positions: int) -> int:
 
 
 def tree_cycle(pair, cache, anchor: int, pending, *, block: int, rows: int, sampling, transform,
-               key, left: int, profiler) -> TreeOutcome:
+               key, left: int, profiler) -> CycleOutcome:
     """Draft a block of `block` rows, verify a tree of `rows` rows, commit at
-    most `left` tokens."""
+    most `left` tokens. `pending`: features of the committed rows the drafter
+    has not seen (it takes them into its cache now)."""
+    profiler.start()
     target, drafter = pair.target, pair.drafter
     ids = mx.array([[anchor] + [pair.mask_token_id] * (block - 1)], dtype=mx.int32)
     hidden, draft_logits = drafter.draft(ids, pending, cache.drafter, target)
@@ -82,4 +75,6 @@ def tree_cycle(pair, cache, anchor: int, pending, *, block: int, rows: int, samp
     commit(cache.target, views, path[:keep])
     profiler.lap("commit", *[c.state for c in cache.target])
     kept = mx.array(path[:keep], dtype=mx.int32)
-    return TreeOutcome(tokens, len(path) - 1, features[kept][None], tree, tuple(path))
+    # Trees run on attention caches only: they trim, so there is no undo record.
+    return CycleOutcome(tokens, accepted=len(path) - 1, drafted=tree.max_depth, verify_rows=tree.rows,
+                        features=features[kept][None])

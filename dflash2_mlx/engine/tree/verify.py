@@ -26,6 +26,7 @@ import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 from ..target.caches import WindowKVCache
+from ..decode.verify import residual
 from ..sampling import greedy_token
 from .build import DraftTree
 
@@ -147,14 +148,6 @@ def commit(cache: list, views: list[TreeCacheView], path: list[int]) -> None:
         keys = v.keys[rows].transpose(2, 1, 0, 3)  # [1, Hkv, len, D]
         values = v.values[rows].transpose(2, 1, 0, 3)
         c.update_and_fetch(keys, values)
-
-
-def residual(p: mx.array, q: mx.array) -> mx.array:
-    """normalise(max(p - q, 0)) per row (p where that is all zero): what a
-    rejected draw from q is replaced by."""
-    r = mx.maximum(p - q, 0.0)
-    mass = mx.sum(r, axis=-1, keepdims=True)
-    return mx.where(mass > 0, r / mx.where(mass > 0, mass, 1.0), p)
 
 
 def accept_tree(tree: DraftTree, logits: mx.array, sampling, transform, key, profiler) -> tuple[list[int], int]:

@@ -1,0 +1,87 @@
+"""The pair's sections, once both models load: every compatibility check, a
+short greedy self-test (acceptance and parity), and the decode costs
+`--block-size auto` decides with."""
+
+from typing import Optional
+
+from .report import Finding, Section
+
+DEFAULT_MIN_ACCEPTANCE = 0.2
+
+
+def pair_checks(target, drafter) -> Section:
+    from ...engine.pair import compatibility_report
+
+    checks = compatibility_report(drafter, target)
+    findings = tuple(Finding(c.name, "ok" if c.ok else "fail", c.message) for c in checks)
+    return Section("Target/drafter compatibility", findings,
+                   {"drafter_kind": drafter.config.kind, "block_size": drafter.config.block_size})
+
+
+def self_test(pair, tokenizer, *, block_size: Optional[int] = None, max_tokens: int = 48,
+              min_acceptance: float = DEFAULT_MIN_ACCEPTANCE) -> Section:
+    """A short greedy generation: refuse near-zero acceptance, check parity."""
+    from ...text.generate import stream_generate
+    from ...text.prompt import build_prompt
+    from ..suites import SUITES
+
+    ids = build_prompt(tokenizer, SUITES["code"][0])
+    spec = list(stream_generate(pair, tokenizer, ids, max_tokens=max_tokens, block_size=block_size))
+    ar = [r.token for r in stream_generate(pair.without_drafter(), tokenizer, ids, max_tokens=max_tokens)]
+    s = spec[-1].stats
+    first = s.acceptance_by_position[0] if s.acceptance_by_position else 0.0
+    data = {"prompt_tokens": len(ids), "generation_tokens": s.generation_tokens, "block_size": s.block_size,
+            "mean_acceptance_length": s.mean_acceptance_length, "acceptance_rate": s.acceptance_rate,
+            "acceptance_by_position": s.acceptance_by_position, "first_position_acceptance": first,
+            "min_acceptance": min_acceptance}
+    line = (f"greedy, {s.generation_tokens} tokens, block {s.block_size}: first-position acceptance {first:.2f}, "
+            f"draft acceptance {s.acceptance_rate:.2f} ({s.accepted}/{s.drafted}), mean acceptance length {s.mean_acceptance_length:.2f}")
+    if first < min_acceptance:
+        findings = [Finding("acceptance", "fail",
+                            f"{line}; below --min-acceptance {min_acceptance:.2f}: this drafter does not predict this "
+                            "target (trained for another one, broken quantization, or wrong layer ids)")]
+    else:
+        findings = [Finding("acceptance", "ok", line)]
+    tokens = [r.token for r in spec]
+    diverged = next((i for i, (a, b) in enumerate(zip(ar, tokens)) if a != b), None)
+    if diverged is None and len(ar) == len(tokens):
+        findings.append(Finding("parity", "ok", "greedy DFlash output equals plain greedy decoding"))
+    else:
+        i = diverged if diverged is not None else min(len(ar), len(tokens))
+        # Exact on CPU; on Metal one-row and block kernels differ and near-ties can flip.
+        findings.append(Finding("parity", "warn" if s.backend == "metal" else "fail",
+                                f"greedy output diverged from plain decoding at token {i}"))
+    data["parity_index"] = diverged
+    return Section("Acceptance self-test", tuple(findings), data)
+
+
+def decode_costs(pair, tokenizer, folder=None, recalibrate: bool = False) -> Section:
+    """The calibration `--block-size auto` decides with: cycle costs by block size
+    against a plain decoding step (cached under `folder`, measured when missing)."""
+    from ...engine.adaptive.calibrate import load_or_calibrate
+    from ...text.prompt import build_prompt
+    from ..suites import SUITES
+
+    cal = load_or_calibrate(pair, folder, build_prompt(tokenizer, SUITES["code"][0]), recalibrate)
+    costs, plain = cal.costs, cal.costs.plain
+    where = f"cached in {cal.path}" if cal.cached else (f"measured now, saved to {cal.path}" if cal.path else "measured now")
+    findings = [Finding("plain step", "info", f"{1e3 * plain:.2f} ms per token ({where})")]
+    for B in sorted(costs.cycles or costs.verify):
+        cycle = costs.cycle(B)
+        findings.append(Finding(
+            f"block {B}", "info",
+            f"cycle {1e3 * cycle:.2f} ms = {cycle / plain:.2f} plain steps (target pass over {B} rows "
+            f"{1e3 * costs.verify[B]:.2f} ms, drafter + selector {1e3 * costs.draft[B]:.2f} ms): drafting pays "
+            f"when a cycle commits more than {cycle / plain:.2f} tokens" + ("" if cycle / plain < B else
+                                                                             ", which a block of this size never can")))
+    policy = cal.policy(pair.max_block_size)
+    B = policy.best_block(pair.max_block_size)
+    seed = ", ".join(f"{a:.2f}" for a in cal.acceptance) or "none seen"
+    if policy.rate(B) > policy.rate(1):
+        verdict = f"auto would start at block {B} (expected {policy.rate(B) / policy.rate(1):.2f}x plain decoding)"
+    else:
+        verdict = (f"auto would start with plain decoding (best block {B} expected at "
+                   f"{policy.rate(B) / policy.rate(1):.2f}x) and probe now and then")
+    findings.append(Finding("auto", "info", f"acceptance by position on the calibration prompt ({seed}): {verdict}"))
+    return Section("Decode costs (--block-size auto)", tuple(findings),
+                   {**cal.to_dict(), "path": str(cal.path) if cal.path else None, "cached": cal.cached})
