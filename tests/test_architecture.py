@@ -250,3 +250,31 @@ def test_every_room_ships_in_the_wheel():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     rooms = {m for m, p in module_files().items() if p.name == "__init__.py"}
     assert rooms - listed == set()
+
+
+# Sizes that keep a room readable: an engine function fits a screen, a module
+# has one job. (docs/architecture.md)
+MAX_ENGINE_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 400
+
+
+def long_functions(source: str, limit: int = MAX_ENGINE_FUNCTION_LINES) -> list[str]:
+    return [f"{node.name}: {node.end_lineno - node.lineno + 1} lines" for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > limit]
+
+
+def test_no_engine_function_over_80_lines():
+    found = {m: long_functions(p.read_text()) for m, p in module_files().items() if m.startswith(ENGINE)}
+    assert {m: f for m, f in found.items() if f} == {}
+
+
+def test_no_module_over_400_lines():
+    sizes = {m: len(p.read_text().splitlines()) for m, p in module_files().items()}
+    assert {m: n for m, n in sizes.items() if n > MAX_MODULE_LINES} == {}
+
+
+def test_the_size_checks_can_fail():
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_ENGINE_FUNCTION_LINES))
+    assert long_functions(f"def f():\n{body}\n") == [f"f: {MAX_ENGINE_FUNCTION_LINES + 1} lines"]
+    assert long_functions(f"def f():\n{body}\n".replace("    x0 = 0\n", "")) == []

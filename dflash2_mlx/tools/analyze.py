@@ -1,4 +1,5 @@
-"""Regenerate the seed's tables (spec §6) for our own drafters, in one run.
+"""Regenerate the announcement's tables (recall by draft position, τ at T = 0
+and 1, overheads) for our own drafters, in one run.
 
 For each variant (DFlash, DFlash + selector, DFlash + conv, DFlash 2):
 - teacher-forced, on held-out blocks: Recall@1 and Recall@K by position, each

@@ -44,7 +44,7 @@ def upgrade_to_dflash2(source: Drafter, config: dict) -> Drafter:
 
 
 def init_selector(drafter: Drafter, seed: int) -> None:
-    """Spec §2.2: A ~ N(0, 0.02) and B = 0, so the first scores are the drafter's logits."""
+    """docs/algorithm.md §3: A ~ N(0, 0.02) and B = 0, so the first scores are the drafter's logits."""
     sel = drafter.candidate_selector
     sel.predecessor_codebook.weight = 0.02 * mx.random.normal(sel.predecessor_codebook.weight.shape,
                                                               key=mx.random.key(seed))

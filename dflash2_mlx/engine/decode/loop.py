@@ -63,7 +63,7 @@ def generate_step(
     key, sub = split_key(make_key(sampling))
     plain = PlainStep(sample(_prefill(prompt, pair, cache, prefill_step_size), sub), rows=0)
     cache.record_prompt(prompt)
-    pending, left, choice = PendingFeatures(), max_tokens, None
+    pending, left, choice, anchor = PendingFeatures(), max_tokens, None, None
     try:
         while True:
             if plain is not None:
@@ -77,14 +77,11 @@ def generate_step(
                 outcome, plain = plain.finish(profiler), ahead
             else:
                 key, k_draft, k_accept = split_key(key, 3)
+                cycle = dict(block=choice.block, sampling=sampling, transform=transform, left=left, profiler=profiler)
                 if tree_rows:
-                    outcome = tree_cycle(pair, cache, anchor, pending.take(), block=choice.block, rows=tree_rows,
-                                         sampling=sampling, transform=transform, key=k_accept, left=left,
-                                         profiler=profiler)
+                    outcome = tree_cycle(pair, cache, anchor, pending.take(), rows=tree_rows, key=k_accept, **cycle)
                 else:
-                    outcome = chain_cycle(pair, cache, anchor, pending.take(), block=choice.block,
-                                          sampling=sampling, transform=transform, keys=(k_draft, k_accept),
-                                          left=left, profiler=profiler)
+                    outcome = chain_cycle(pair, cache, anchor, pending.take(), keys=(k_draft, k_accept), **cycle)
                 choice = None
             left = _commit(outcome, cache, pending, policy, drafter, left)
             yield outcome.step()

@@ -1,4 +1,4 @@
-"""DFlash 2's two-tap dynamic depthwise convolution (spec §2.1).
+"""DFlash 2's two-tap dynamic depthwise convolution (docs/algorithm.md §2).
 
 `two_tap_conv` is the one entry point: it runs the fused Metal kernel when one
 is active (`kernels/registry.py`) and the plain-MLX twin below otherwise. The twin is

@@ -1,4 +1,4 @@
-"""The DFlash / DFlash 2 drafter (spec §1, §2.1).
+"""The DFlash / DFlash 2 drafter (docs/algorithm.md §1, §2).
 
 A short stack of Qwen3 decoder layers with no embedding and no LM head of its
 own. Target features, projected by `fc` and normed by `hidden_norm`, are
@@ -68,8 +68,9 @@ class DrafterAttention(nn.Module):
 
 class ContextWindowCache:
     """Context cache of a sliding drafter layer: only the last `size` rows
-    (window − 1) are attended, so memory stays bounded; `room` extra rows let
-    a multi-turn caller rewind up to one block exactly. Rows carry RoPE at
+    (window − 1) are attended, so memory stays bounded; `room` is the rows it
+    can roll back (as `WindowKVCache.room`): that many extra rows are kept so
+    a multi-turn caller can rewind up to one block exactly. Rows carry RoPE at
     their absolute positions, so `offset` counts every row ever added, and
     attention over context rows does not depend on their order."""
 
@@ -167,7 +168,7 @@ class DrafterLayer(nn.Module):
         if not self.dflash2:
             h = h + self.self_attn(x, context)
             return h + self.mlp(self.post_attention_layernorm(h))
-        # Both sides use coefficients computed from the sublayer input (spec §2.1).
+        # Both sides use coefficients computed from the sublayer input (docs/algorithm.md §2).
         d = self.attention_conv.corrections(x)
         a = self.attention_conv(x, d, 0)
         a = self.self_attn(a, context)

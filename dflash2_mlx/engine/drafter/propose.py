@@ -1,7 +1,7 @@
 """Turn the drafter's block hidden states into draft tokens and proposals.
 
 DFlash (v1) picks each position independently from its own logits; DFlash 2
-walks the candidate lattices with the selector (spec §2.2). Either way the
+walks the candidate lattices with the selector (docs/algorithm.md §3, §4). Either way the
 result is the draft and, when sampling, the proposal distribution each draft
 token was drawn from, which exact rejection sampling needs.
 """

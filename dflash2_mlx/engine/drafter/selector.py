@@ -1,4 +1,4 @@
-"""DFlash 2's candidate path selector (spec §2.2).
+"""DFlash 2's candidate path selector (docs/algorithm.md §3, §4).
 
 For each draft position the selector takes the drafter's top-K tokens, scores
 every (predecessor candidate, candidate) pair with a rank-r trilinear term on
@@ -138,15 +138,15 @@ def agrees_with_twin(kernel) -> None:
 
 
 class CandidateSelector(nn.Module):
-    """`candidate_selector`: the predecessor codebook (spec A), the successor
-    codebook (spec B) and the gate projection."""
+    """`candidate_selector`: the predecessor codebook (A of docs/algorithm.md §3), the successor
+    codebook (B) and the gate projection."""
 
     def __init__(self, hidden_size: int, vocab_size: int, rank: int):
         super().__init__()
         self.hidden_projection = nn.Linear(hidden_size, rank, bias=False)
         self.predecessor_codebook = nn.Embedding(vocab_size, rank)
         self.successor_codebook = nn.Embedding(vocab_size, rank)
-        # B = 0 so the initial scores are the drafter's own logits (spec §2.2).
+        # B = 0 so the initial scores are the drafter's own logits (docs/algorithm.md §3).
         self.successor_codebook.weight = mx.zeros_like(self.successor_codebook.weight)
 
     def true_predecessor_scores(self, unary: mx.array, cand: mx.array, hidden: mx.array,

@@ -22,6 +22,8 @@ from typing import Optional
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache
 
+from ..window import window_visible
+
 
 class RecurrentCache(ArraysCache):
     """An `ArraysCache` that knows how many rows it has seen (`offset`), like
@@ -61,12 +63,6 @@ class RecurrentSnapshot:
         return RecurrentSnapshot(self.states, {i: x[:, :rows] for i, x in self.inputs.items()})
 
 
-def _causal_window_mask(q_pos: mx.array, k_pos: mx.array, window: int) -> mx.array:
-    """Query at position q sees keys at positions in (q - window, q]."""
-    q, k = q_pos[:, None], k_pos[None]
-    return (k <= q) & (k > q - window)
-
-
 class WindowKVCache:
     """KV cache of a sliding-window attention layer with room to roll back.
 
@@ -95,7 +91,8 @@ class WindowKVCache:
     # -- sizes --------------------------------------------------------------------
     @property
     def room(self) -> int:
-        """Rows a write may have and still go through the ring."""
+        """Rows this cache can roll back at any offset (`max_block + 1`); also
+        the longest write that goes straight through the ring."""
         return self.capacity - self.window + 1
 
     def _is_long(self, N: int) -> bool:
@@ -177,7 +174,7 @@ class WindowKVCache:
             # Nothing has left the window yet (and nothing is stale): the same
             # masks mlx-lm's caches give.
             return None if N == 1 else "causal"
-        return _causal_window_mask(mx.arange(o, o + N), self.key_positions(N), window)
+        return window_visible(mx.arange(o, o + N), self.key_positions(N), window, causal=True)
 
     def is_trimmable(self) -> bool:
         return True

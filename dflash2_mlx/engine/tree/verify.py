@@ -26,6 +26,7 @@ import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 from ..target.caches import WindowKVCache
+from ..window import in_window
 from ..decode.verify import residual
 from ..sampling import greedy_token
 from .build import DraftTree
@@ -73,7 +74,7 @@ class _Layout:
             step = np.clip(pos - P, 0, D - 1)
             idx = np.where(on_path, self.context + np.take_along_axis(paths, step, axis=1), s)
             q = end - 1
-            mask = (s < np.minimum(end, cap)) & (pos <= q) & (pos > q - window)
+            mask = (s < np.minimum(end, cap)) & in_window(q - pos, window, causal=True)
             self.window = window
         else:
             # Context rows 0..P-1 as stored, then the path in depth order, padding masked.
