@@ -1,6 +1,6 @@
 """Measure what a decode cycle costs for one pair on this machine, and keep it.
 
-The adaptive block size (adaptive.py) needs the seconds of a plain decoding
+The adaptive block size (adaptive/policy.py) needs the seconds of a plain decoding
 step and of a speculative cycle at each block size. They are measured by
 running the decode loop itself on a short prompt (so graph building, the
 host sync and bookkeeping are counted, not only the passes), plus one timed

@@ -150,7 +150,7 @@ class Target:
         the raw head projection. Since these logits already include them, the
         selector's unary must take the top-K of these logits unchanged: applying
         the declared values again would square the multiplier and cap twice
-        (compat's `unary_transform` says what is left to apply).
+        (`pair.selector_transform` says what is left to apply).
         """
         if self.tied_embeddings:
             out = self._inner.embed_tokens.as_linear(hidden)

@@ -3,7 +3,7 @@
 mlx-lm attention rotates queries and keys with `rope(x, offset=cache.offset)`
 and `mx.fast.rope` accepts one offset per *batch* row, not per sequence row.
 So the tree's N nodes run as a batch of N one-token sequences through the
-family's own layer loop, and each target cache is replaced for that pass by
+family's layer loop (`run_layers` with its masks), and each target cache is replaced for that pass by
 a `TreeCacheView`:
 
 - its `offset` is the vector of node positions (context length + depth);
@@ -134,7 +134,7 @@ def tree_views(cache: list, tree: DraftTree) -> list[TreeCacheView]:
 def tree_forward(target, tree: DraftTree, views: list[TreeCacheView], layer_ids=()):
     """Logits [N, V] and the outputs of `layer_ids` [N, F] (or None) of every node.
 
-    The target runs its family's own layer loop over the views as if they were
+    The target runs its layer loop (`run_layers`) over the views as if they were
     its caches, the nodes as a batch of one-token sequences."""
     tokens = mx.array(tree.tokens, dtype=mx.int32)[:, None]
     logits, features = target(tokens, views, layer_ids)
