@@ -125,3 +125,32 @@ def test_calibration_is_cached_per_key(pair, tmp_path):
 def test_cycle_costs_are_made_non_decreasing():
     assert _non_decreasing({2: 1.0, 4: 3.0, 8: 2.0, 16: 5.0}) == {2: 1.0, 4: 2.5, 8: 2.5, 16: 5.0}
     assert _non_decreasing({2: 1.0, 4: 2.0}) == {2: 1.0, 4: 2.0}
+
+
+def test_seeded_auto_repeats_whatever_the_clock_says(monkeypatch):
+    """With a seed, `auto`'s schedule does not follow the clock, so three runs
+    whose clocks disagree wildly give the same tokens (and the schedule still
+    mixes plain steps and cycles, so the test is not vacuous)."""
+    import random
+    import types
+
+    import dflash2_mlx.text.generate as generate
+    from dflash2_mlx import load_pair, stream_generate
+    from dflash2_mlx.engine.adaptive.calibrate import Calibration
+
+    pair, tokenizer = load_pair("builtin", "builtin")
+    calibration = Calibration(CostTable(1.0, {2: 1.3, 16: 4.0}, {2: 0.1, 16: 0.3}), [0.6, 0.5, 0.4], key={})
+    runs = []
+    for i in range(3):
+        rng, now = random.Random(i), [0.0]
+
+        def perf_counter(rng=rng, now=now):
+            now[0] += rng.uniform(0.1, 3.0)  # a machine whose speed changes all the time
+            return now[0]
+
+        monkeypatch.setattr(generate, "time", types.SimpleNamespace(perf_counter=perf_counter))
+        out = list(stream_generate(pair, tokenizer, "def fib(n):", max_tokens=80, block_size="auto",
+                                   calibration=calibration, sampling=SamplingParams(temperature=0.9, seed=7)))
+        runs.append(([r.token for r in out], out[-1].stats.block_sizes))
+    assert runs[0][0] == runs[1][0] == runs[2][0]
+    assert 1 in runs[0][1] and any(B > 1 for B in runs[0][1])

@@ -79,7 +79,10 @@ def stream_generate(
     B = pair.block_size(None if auto or block_size == "auto" else block_size)
     policy = None
     if auto and max_tokens > 1:
-        policy = (calibration or measure(pair, ids)).policy(B, clock=time.perf_counter)
+        # Seeded sampling: a schedule that does not depend on the clock, so the
+        # same seed gives the same tokens (docs/adaptive.md, "Seeds reproduce").
+        clock = None if sampling.seed is not None and not sampling.greedy else time.perf_counter
+        policy = (calibration or measure(pair, ids)).policy(B, clock=clock)
     if pair.drafter is None:
         steps = autoregressive_generate_step(
             ids, pair, max_tokens=max_tokens, sampling=sampling,
