@@ -154,3 +154,65 @@ def test_seeded_auto_repeats_whatever_the_clock_says(monkeypatch):
         runs.append(([r.token for r in out], out[-1].stats.block_sizes))
     assert runs[0][0] == runs[1][0] == runs[2][0]
     assert 1 in runs[0][1] and any(B > 1 for B in runs[0][1])
+
+
+class TrueCosts:
+    """A policy wrapper whose clock advances by what each decision really
+    costs (`plain` per plain step, `cycle(B)` per cycle), charged when the next
+    decision is recorded, as a real clock would be read."""
+
+    def __init__(self, policy, plain, cycle):
+        self.policy, self.plain, self.cycle = policy, plain, cycle
+        self.now, self.blocks, self._pending = 0.0, [], None
+        policy.clock = lambda: self.now
+
+    def choose(self, tokens_left):
+        return self.policy.choose(tokens_left)
+
+    def record(self, decision):
+        if self._pending is not None:
+            self.now += self.plain if self._pending == 1 else self.cycle(self._pending)
+        self._pending = decision.block
+        self.blocks.append(decision.block)
+        self.policy.record(decision)
+
+    def observe(self, drafted, accepted):
+        self.policy.observe(drafted, accepted)
+
+
+@pytest.fixture(scope="module")
+def builtin():
+    from dflash2_mlx import load_pair
+
+    return load_pair("builtin", "builtin")
+
+
+@pytest.mark.parametrize("wrong, truth", [
+    (2.5, "plain"),  # calibrated while busy: plain looked 2.5x slower than it is; drafting really loses
+    (0.4, "draft"),  # plain looked 2.5x faster than it is; drafting really wins
+])
+def test_a_wrong_calibration_is_corrected_within_a_few_cycles(builtin, wrong, truth):
+    pair, tokenizer = builtin
+    ids = tokenizer.encode("class Stack:\n    def __init__(self):\n")
+    if truth == "plain":
+        true_cycle = lambda B: 1.0 + 0.9 * B  # compute-bound: a B-row pass costs about B plain steps
+    else:
+        true_cycle = lambda B: 1.0 + 0.05 * B  # a GPU: a small block costs little more than one row
+    verify = {B: true_cycle(B) for B in (2, 4, 8, 16)}
+    calibrated = CostTable(1.0 * wrong, verify, {B: 0.0 for B in verify})
+    policy = BlockPolicy(calibrated, 16, AcceptanceEstimate(15, seed=[0.6, 0.5, 0.4]))
+    timed = TrueCosts(policy, 1.0, true_cycle)
+    n = 160
+    tokens = [t for s in speculative_generate_step(ids, pair, max_tokens=n, policy=timed) for t in s.tokens]
+    assert tokens == ar_tokens(pair.target, ids, n)  # token-identical throughout
+    first_choice, late = timed.blocks[0], timed.blocks[-20:]
+    if truth == "plain":
+        assert first_choice > 1  # the wrong calibration made drafting look better ...
+        assert sum(B == 1 for B in late) >= 18  # ... and the run went back to plain decoding
+        # It fell back after a few cycles (the first re-timing of plain decoding).
+        assert policy.report.fallbacks and policy.report.fallbacks[0][0] <= 16, timed.blocks[:20]
+    else:
+        assert first_choice == 1  # the wrong calibration made plain decoding look better ...
+        assert sum(B > 1 for B in late) >= 15  # ... and the run went back to drafting
+        switch = next(i for i, B in enumerate(timed.blocks) if B > 1)
+        assert switch <= 12, f"still plain after {switch} decisions: {timed.blocks[:20]}"

@@ -134,6 +134,16 @@ class Mode(Enum):
     WAITING = "waiting"  # plain steps; a probe cycle after `plain_left` more
     PROBING = "probing"  # a probe cycle is running; its outcome decides what follows
     PLAIN_ONLY = "plain only"  # no block can ever beat plain decoding: never probe
+    RETIMING = "retiming"  # a few plain steps while drafting, to time plain decoding now
+
+
+# Plain steps of one re-timing run (the first is only launched before the next
+# decision, so it is not timed), and the weight each timed one gets.
+RETIME_STEPS = 3
+RETIME_WEIGHT = 0.5
+# Cycles before the first re-timing of a run (a cheap check of the calibration
+# at the start), and the bounds of the interval after that.
+RETIME_FIRST, RETIME_MAX = 4, 256
 
 
 @dataclass(frozen=True)
@@ -153,6 +163,7 @@ class _Timed:
     at: float  # clock reading when the decision was recorded
     block: int
     previous: Optional[int]  # the block decided before it
+    retiming: bool = False  # a plain step of a re-timing run
 
 
 class BlockPolicy:
@@ -166,7 +177,17 @@ class BlockPolicy:
     the earlier one cost (the consumer's share of each token included), and
     the calibrated costs are scaled online, one factor for plain steps and one
     for cycles: the calibration was measured once, on a short context and
-    maybe while the machine was busy; this run's costs are what count.
+    maybe while the machine was busy; this run's costs are what count. While
+    it drafts, no plain step runs, so now and then (after `RETIME_FIRST`
+    cycles, then at doubling intervals up to `RETIME_MAX`) it runs a few plain
+    steps to time plain decoding again: a stale plain cost cannot make a
+    drafting choice that measures slower than plain decoding look better.
+    The first re-timing comes after `RETIME_FIRST` cycles; later ones are
+    spaced so that they cost at most `probe_budget` of the time (a plain step
+    loses little where drafting's lead is small, which is where a stale plain
+    cost can mislead).
+    While it decodes plainly, re-measured costs that make drafting pay start
+    a probe at once.
     """
 
     def __init__(self, costs: CostTable, max_block: int, acceptance: Optional[AcceptanceEstimate] = None,
@@ -185,6 +206,7 @@ class BlockPolicy:
         self.clock, self.cost_weight = clock, cost_weight
         self.scale = {"plain": 1.0, "spec": 1.0}  # measured / calibrated cost, learned online
         self._last: Optional[_Timed] = None
+        self._cycles_to_retime = RETIME_FIRST
 
     # -- the model -----------------------------------------------------------------
     def plain_cost(self) -> float:
@@ -213,10 +235,15 @@ class BlockPolicy:
         """The next cycle's block size (1: plain), and the state it leads to."""
         if tokens_left <= 1:
             return self._plain_step(self.mode, self.plain_left)
-        if self.mode is not Mode.DRAFTING:
-            if self.mode is Mode.PLAIN_ONLY or self.plain_left > 0:
+        if self.mode is Mode.RETIMING and self.plain_left > 0:
+            return Decision(1, Mode.RETIMING, self.plain_left - 1)
+        if self.mode in (Mode.WAITING, Mode.PLAIN_ONLY, Mode.PROBING):
+            waiting = self.mode is Mode.PLAIN_ONLY or (self.mode is Mode.WAITING and self.plain_left > 0)
+            if waiting and not (self.clock is not None and self._pays_by_margin(tokens_left)):
                 return self._plain_step(self.mode, self.plain_left)
             return Decision(self.best_block(tokens_left), Mode.PROBING)
+        if self.clock is not None and self.mode is Mode.DRAFTING and self._cycles_to_retime <= 0:
+            return Decision(1, Mode.RETIMING, RETIME_STEPS - 1)
         B = self.best_block(tokens_left)
         # Hysteresis: keep drafting while it beats plain decoding at all; start
         # again (after a probe) only when it beats it by `margin`.
@@ -233,6 +260,8 @@ class BlockPolicy:
             self.report.probes += 1
         if decision.block == 1:
             self.tokens += 1
+        if decision.mode is Mode.RETIMING and self.mode is not Mode.RETIMING:
+            self._cycles_to_retime = self._retime_interval()
         self.mode, self.plain_left = decision.mode, decision.plain_left
         self._tick(decision.block)
 
@@ -240,10 +269,12 @@ class BlockPolicy:
         expected = self.acceptance.expected_tokens(drafted + 1)
         self.acceptance.observe(drafted, accepted)
         self.tokens += accepted + 1
+        if self.mode is Mode.DRAFTING:
+            self._cycles_to_retime -= 1
         if self.mode is not Mode.PROBING:
             return
         B = self.best_block(self.max_block)
-        if self.rate(B) > self.rate(1) * (1.0 + self.margin):
+        if self._pays_by_margin(self.max_block):
             self.mode, self._losing_probes = Mode.DRAFTING, 0  # drafting pays again
         else:
             # Back off while probes confirm the estimate; one that did better
@@ -252,6 +283,18 @@ class BlockPolicy:
             self.mode, self.plain_left = self._next_probe(B)
 
     # -- internals --------------------------------------------------------------------
+    def _retime_interval(self) -> int:
+        """Cycles until the next re-timing, so that its plain steps cost at most
+        `probe_budget` of the time drafting takes meanwhile."""
+        B = self.best_block(self.max_block)
+        lead = max(self.rate(B) / self.rate(1), 1.0)
+        loss = RETIME_STEPS * self.plain_cost() * (1.0 - 1.0 / lead)
+        cycles = math.ceil(loss / (self.probe_budget * self.cycle_cost(B)))
+        return min(max(cycles, RETIME_FIRST), RETIME_MAX)
+
+    def _pays_by_margin(self, tokens_left: int) -> bool:
+        return self.rate(self.best_block(tokens_left)) > self.rate(1) * (1.0 + self.margin)
+
     @staticmethod
     def _plain_step(mode: Mode, plain_left: int) -> Decision:
         """A plain step, one nearer to the next probe while waiting for one."""
@@ -271,8 +314,9 @@ class BlockPolicy:
             predicted = self.costs.plain if last.block == 1 else self.costs.cycle(last.block)
             ratio = min(max((now - last.at) / predicted, 0.25), 4.0)
             key = "plain" if last.block == 1 else "spec"
-            self.scale[key] += self.cost_weight * (ratio - self.scale[key])
-        self._last = _Timed(now, B, last.block if last else None)
+            weight = RETIME_WEIGHT if last.retiming else self.cost_weight
+            self.scale[key] += weight * (ratio - self.scale[key])
+        self._last = _Timed(now, B, last.block if last else None, self.mode is Mode.RETIMING)
 
     def _why_plain(self, B: int) -> str:
         E, cost = self.acceptance.expected_tokens(B), self.cycle_cost(B) / self.plain_cost()
