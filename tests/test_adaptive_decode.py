@@ -114,7 +114,7 @@ def test_calibration_is_cached_per_key(pair, tmp_path):
     assert record["key"] == calibration_key(pair)
     assert set(first.costs.cycles) >= {2, pair.max_block_size}
     assert all(v > 0 for v in first.costs.cycles.values()) and first.costs.plain > 0
-    again = load_or_calibrate(pair, tmp_path, PROMPT)
+    again = load_or_calibrate(pair, tmp_path, PROMPT, check=False)
     assert again.cached and again.costs == first.costs
     # Another key (here: another backend name) is another file, measured anew.
     key = dict(calibration_key(pair), backend="elsewhere")
@@ -216,3 +216,21 @@ def test_a_wrong_calibration_is_corrected_within_a_few_cycles(builtin, wrong, tr
         assert sum(B > 1 for B in late) >= 15  # ... and the run went back to drafting
         switch = next(i for i, B in enumerate(timed.blocks) if B > 1)
         assert switch <= 12, f"still plain after {switch} decisions: {timed.blocks[:20]}"
+
+
+@pytest.mark.parametrize("wrong", [10.0, 0.1])
+def test_a_cached_calibration_that_disagrees_with_the_machine_is_rescaled(pair, tmp_path, wrong):
+    # Far enough off (10x) that no load on the machine running the suite hides it.
+    first = load_or_calibrate(pair, tmp_path, PROMPT, check=False)
+    record = json.loads(first.path.read_text())
+    record["costs"] = {k: (v * wrong if isinstance(v, float) else {B: s * wrong for B, s in v.items()})
+                       for k, v in record["costs"].items()}
+    first.path.write_text(json.dumps(record))
+    checked = load_or_calibrate(pair, tmp_path, PROMPT)
+    assert checked.cached and checked.rescaled is not None
+    assert (checked.rescaled < 1) == (wrong > 1)  # the file's times are scaled back towards the machine's
+    assert checked.costs.plain == pytest.approx(record["costs"]["plain_s"] * checked.rescaled)
+    assert checked.costs.cycle(4) == pytest.approx(record["costs"]["cycle_s"]["4"] * checked.rescaled)
+    saved = json.loads(first.path.read_text())["costs"]["plain_s"]
+    assert saved == pytest.approx(checked.costs.plain)  # and kept, so the next run agrees
+    assert load_or_calibrate(pair, tmp_path, PROMPT, check=False).costs == checked.costs

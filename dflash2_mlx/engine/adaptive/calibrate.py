@@ -44,6 +44,7 @@ class Calibration:
     key: dict  # what the numbers are valid for
     path: Optional[Path] = None  # where it is cached, if anywhere
     cached: bool = False  # read from disk rather than measured now
+    rescaled: Optional[float] = None  # factor applied after a check of the plain step disagreed
 
     def policy(self, max_block: int, clock=None) -> BlockPolicy:
         """A fresh policy for one generation, seeded with this calibration
@@ -161,10 +162,22 @@ def _non_decreasing(points: dict[int, float]) -> dict[int, float]:
     return {B: mean for mean, _, sizes in blocks for B in sizes}
 
 
+# A cached plain step this far off a fresh timing (either way) means the machine
+# is not in the state it was calibrated in.
+CHECK_TOLERANCE = 1.5
+
+
 def load_or_calibrate(pair: Pair, folder: Optional[Path], prompt_ids: Sequence[int],
-                      recalibrate: bool = False) -> Calibration:
+                      recalibrate: bool = False, check: bool = True) -> Calibration:
     """The cached calibration for this pair on this machine, measured (and
-    saved under `folder`, when given) if there is none or `recalibrate`."""
+    saved under `folder`, when given) if there is none or `recalibrate`.
+
+    A cached one is first checked against a few plain steps timed now
+    (`check`); when they disagree by more than `CHECK_TOLERANCE` every cost is
+    rescaled by the measured factor (the machine was busier or quieter then)
+    and saved, and `rescaled` says by how much. Seeded callers pass
+    `check=False`: a timing would make their schedule depend on the clock.
+    """
     key = calibration_key(pair)
     path = None
     if folder is not None:
@@ -172,14 +185,38 @@ def load_or_calibrate(pair: Pair, folder: Optional[Path], prompt_ids: Sequence[i
         if not recalibrate:
             found = _read(path, key)
             if found is not None:
-                return found
+                return checked(pair, found, prompt_ids) if check else found
     cal = measure(pair, prompt_ids)
-    if path is not None:
-        try:
-            atomic_write_text(path, json.dumps(cal.to_dict(), indent=1) + "\n")
-        except DFlashError:
-            path = None  # a cache that cannot be written only costs a re-measure next time
+    path = _save(cal, path)
     return Calibration(cal.costs, cal.acceptance, key, path)
+
+
+def checked(pair: Pair, cal: Calibration, prompt_ids: Sequence[int], passes: int = 6) -> Calibration:
+    """`cal`, or `cal` rescaled when a plain step timed now disagrees with it."""
+    now = statistics.median(_pass_times(pair, prompt_ids, FixedBlock(1), passes)[0])
+    factor = now / cal.costs.plain
+    if 1 / CHECK_TOLERANCE <= factor <= CHECK_TOLERANCE:
+        return cal
+    costs = CostTable.from_dict(_scaled(cal.costs.to_dict(), factor))
+    rescaled = Calibration(costs, cal.acceptance, cal.key, cal.path, cached=True, rescaled=factor)
+    _save(rescaled, cal.path)
+    return rescaled
+
+
+def _scaled(d: dict, factor: float) -> dict:
+    return {k: (v * factor if isinstance(v, float) else {B: s * factor for B, s in v.items()}) for k, v in d.items()}
+
+
+def _save(cal: Calibration, path: Optional[Path]) -> Optional[Path]:
+    """Write `cal` to `path` atomically; None when there is no path or it cannot be written
+    (a cache that cannot be written only costs a re-measure next time)."""
+    if path is None:
+        return None
+    try:
+        atomic_write_text(path, json.dumps(cal.to_dict(), indent=1) + "\n")
+    except DFlashError:
+        return None
+    return path
 
 
 def calibration_path(pair: Pair, folder: Path, key: Optional[dict] = None) -> Path:
