@@ -271,6 +271,12 @@ class RankContext:
         return read
 
 
+# The start-up rendezvous waits for every rank to import MLX and mlx-lm, which
+# takes seconds on a loaded machine: it has its own, longer deadline than a
+# silent peer mid-generation (--rank-timeout).
+START_TIMEOUT = 120.0
+
+
 def start_rank(timeout: float) -> Optional[RankContext]:
     """Join the group mlx.launch set up (None for a group of one); only rank 0
     keeps its stdout. The watchdog covers the handshake: a rank that never
@@ -278,9 +284,10 @@ def start_rank(timeout: float) -> Optional[RankContext]:
     import mlx.core as mx
 
     errors.set_prefix(f"[rank {os.environ.get('MLX_RANK', '?')}] ")
-    watchdog = Watchdog(timeout)
-    watchdog.arm(f"could not reach the other ranks within {timeout:g} s: check the hostfile and that "
-                 "every machine is up and reachable (raise --rank-timeout if they start slowly)")
+    start = max(timeout, START_TIMEOUT)
+    watchdog = Watchdog(start)
+    watchdog.arm(f"could not reach the other ranks within {start:g} s: check the hostfile and that "
+                 "every machine is up and reachable")
     try:
         group = mx.distributed.init(strict=True)
     except RuntimeError as e:
@@ -289,6 +296,7 @@ def start_rank(timeout: float) -> Optional[RankContext]:
     # Loading may take minutes on a big target; its last step is a collective
     # that fails at once if a peer dies.
     watchdog.arm(None)
+    watchdog.timeout = timeout  # from here on: a peer silent mid-generation
     if group.size() == 1:
         errors.set_prefix("")
         return None
