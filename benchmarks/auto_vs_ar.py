@@ -1,0 +1,119 @@
+"""`--block-size auto` against plain decoding, per prompt, with a fresh and a stale calibration.
+
+    python benchmarks/auto_vs_ar.py --json docs/results/auto-vs-ar-cpu.json
+
+Built-in pair, T = 0, raw prompts (no chat template). Two calibrations are
+measured first, through the CLI's own path (`load_or_calibrate` into a cache
+folder): a fresh one on the quiet machine, and a stale one measured while two
+busy processes spin (what a user gets after calibrating on a busy machine).
+Then, for every prompt and repeat, the arms run one after the other in a
+rotating order: `--ar`, auto with the fresh calibration, auto with the stale
+one (loaded as the CLI loads it, so its start-up check applies). Decode tok/s
+is mlx-lm's `generation_tps` of each run; the JSON keeps every run, the
+median per arm and prompt, and auto / ar per prompt (never a median over
+prompts). Outputs are checked token-identical to `--ar`. Run it on a quiet
+machine: nothing else may run while it times.
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dflash2_mlx import SamplingParams, load_pair, stream_generate  # noqa: E402
+from dflash2_mlx.device import backend_name  # noqa: E402
+from dflash2_mlx.files import atomic_write_text  # noqa: E402
+from dflash2_mlx.engine.adaptive.calibrate import load_or_calibrate  # noqa: E402
+from dflash2_mlx.tools.provenance import command_line, provenance  # noqa: E402
+
+PROMPTS = (
+    "class Stack:\n    def __init__(self):\n",
+    "import json\n\n\ndef load_config(path):\n",
+    "def fib(n):",
+    "def parse_args(argv):\n    parser = argparse.ArgumentParser(",
+)
+BUSY = "while True: pass"
+
+
+def calibrate(pair, folder: Path, ids, busy: int):
+    spinners = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(busy)]
+    try:
+        time.sleep(1.0 if busy else 0.0)
+        cal = load_or_calibrate(pair, folder, ids, recalibrate=True)
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    return cal
+
+
+def run(pair, tokenizer, prompt, arm, calibration, max_tokens):
+    block = "auto" if arm != "ar" else None
+    use = pair if arm != "ar" else pair.without_drafter()
+    out = list(stream_generate(use, tokenizer, tokenizer.encode(prompt), max_tokens=max_tokens, block_size=block,
+                               calibration=calibration, sampling=SamplingParams()))
+    s = out[-1].stats
+    return [r.token for r in out], {"generation_tps": s.generation_tps, "block_sizes": s.block_sizes,
+                                    "fallback": s.fallback}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--max-tokens", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--busy", type=int, default=2, help="busy processes while the stale calibration is measured")
+    ap.add_argument("--json", type=Path, required=True)
+    args = ap.parse_args(argv)
+    pair, tokenizer = load_pair("builtin", "builtin")
+    probe = tokenizer.encode(PROMPTS[0])
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh_dir, stale_dir = Path(tmp) / "fresh", Path(tmp) / "stale"
+        fresh = calibrate(pair, fresh_dir, probe, 0)
+        stale = calibrate(pair, stale_dir, probe, args.busy)
+        arms = {"ar": None, "auto_fresh": fresh_dir, "auto_stale": stale_dir}
+        results = {}
+        for prompt in PROMPTS:
+            runs = {arm: [] for arm in arms}
+            reference = None
+            for r in range(args.repeats):
+                order = list(arms)[r % 3:] + list(arms)[: r % 3]
+                for arm in order:
+                    # Loaded per run as the CLI does: a stale file meets the start-up check.
+                    cal = None if arms[arm] is None else load_or_calibrate(pair, arms[arm], probe)
+                    tokens, stats = run(pair, tokenizer, prompt, arm, cal, args.max_tokens)
+                    if arm == "ar":
+                        reference = reference or tokens
+                    stats["rescaled"] = None if cal is None else cal.rescaled
+                    runs[arm].append((tokens, stats))
+            med = {arm: statistics.median(s["generation_tps"] for _, s in rs) for arm, rs in runs.items()}
+            results[prompt] = {
+                "decode_tps_median": med,
+                "auto_fresh_vs_ar": med["auto_fresh"] / med["ar"],
+                "auto_stale_vs_ar": med["auto_stale"] / med["ar"],
+                "identical_to_ar": all(t == reference for rs in runs.values() for t, _ in rs),
+                "runs": {arm: [s for _, s in rs] for arm, rs in runs.items()},
+            }
+            print(f"{prompt[:30]!r}: ar {med['ar']:.1f}, auto fresh {med['auto_fresh']:.1f} "
+                  f"({results[prompt]['auto_fresh_vs_ar']:.2f}x), stale {med['auto_stale']:.1f} "
+                  f"({results[prompt]['auto_stale_vs_ar']:.2f}x)", flush=True)
+    record = {
+        **provenance(command_line("python benchmarks/auto_vs_ar.py", sys.argv[1:] if argv is None else argv)),
+        "backend": backend_name(), "machine": platform.machine(), "max_tokens": args.max_tokens,
+        "repeats": args.repeats, "busy_processes_for_stale": args.busy,
+        "calibrations": {"fresh": fresh.to_dict()["costs"], "stale": stale.to_dict()["costs"]},
+        "prompts": results,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.json, json.dumps(record, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
