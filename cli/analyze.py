@@ -48,6 +48,13 @@ def analyze(
     from dflash2_mlx.loading.checkpoints import load_drafter, load_target
 
     o.check_tree(tree)
+    if not 0 < heldout_fraction <= 1:
+        raise DFlashError(f"--heldout-fraction {heldout_fraction:g} must be in (0, 1]: the share of examples held out "
+                          "(1: every example, for data the drafters were not trained on)")
+    block = None if block_size is None else o.parse_block_size(block_size)
+    if block == "auto":
+        raise DFlashError("--block-size auto does not apply to analyze (it measures fixed blocks): give a size, "
+                          "e.g. 8, or leave it out for each drafter's own")
     refs = {"dflash": dflash, "dflash+selector": selector, "dflash+conv": conv, "dflash2": dflash2}
     refs = {k: v for k, v in refs.items() if v}
     if not refs:
@@ -55,9 +62,13 @@ def analyze(
     target, tokenizer = load_target(resolve_builtin(model, "target"), activation_dtype=mx.float32)
     pairs = {k: Pair.make(target, load_drafter(resolve_builtin(v, "drafter"), activation_dtype=mx.float32))
              for k, v in refs.items()}
+    for pair in pairs.values():  # before any measurement: a bad value fails now, in one line
+        pair.block_size(block, "--block-size")
+        o.check_tree_fits(pair, tree)
+    _check_lengths(target, seq_len, prompt_len, max_tokens, prompts)
     heldout = heldout_sequences([str(p) for p in data], tokenizer, seq_len, heldout_fraction)
     result = run_analysis(pairs, heldout, prompt_len=prompt_len, n_prompts=prompts,
-                          max_tokens=max_tokens, block_size=block_size, tree_rows=tree)
+                          max_tokens=max_tokens, block_size=block, tree_rows=tree)
     from dflash2_mlx.tools.provenance import command_line, provenance
 
     command = command_line("dflash2", sys.argv[1:])
@@ -65,3 +76,23 @@ def analyze(
     atomic_write_text(out / "analysis.json", json.dumps(result, indent=2) + "\n")
     atomic_write_text(out / "analysis.md", markdown(result, command))
     ui.status(f"wrote {out / 'analysis.json'} and {out / 'analysis.md'}")
+
+
+def _check_lengths(target, seq_len: int, prompt_len: int, max_tokens: int, prompts: int) -> None:
+    """--seq-len and --prompt-len + --max-tokens within the target's context."""
+    from dflash2_mlx.errors import DFlashError
+    from dflash2_mlx.text.context import context_limit
+
+    for flag, value in (("--seq-len", seq_len), ("--prompt-len", prompt_len), ("--max-tokens", max_tokens),
+                        ("--prompts", prompts)):
+        if value < 1:
+            raise DFlashError(f"{flag} {value} must be at least 1")
+    limit = context_limit(target)
+    if limit is None:
+        return
+    if seq_len > limit:
+        raise DFlashError(f"--seq-len {seq_len:,} is over this model's context of {limit:,} tokens: "
+                          f"pass --seq-len {limit:,} or less")
+    if min(prompt_len, seq_len) + max_tokens > limit:
+        raise DFlashError(f"--prompt-len {prompt_len:,} and --max-tokens {max_tokens:,} are over this model's "
+                          f"context of {limit:,} tokens: lower either so that they add up to {limit:,} or less")

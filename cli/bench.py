@@ -113,7 +113,7 @@ def bench(
     failed = [e for e in (_write(json_file, json.dumps(record, indent=2) + "\n"), _write(markdown_file, markdown(record)))
               if e is not None]
     if json_file is None or str(json_file) != "-":
-        ui.console.print(ui.bench_report(record))
+        ui.print_whole(ui.bench_report(record))  # a redirected table keeps every cell
     if failed:
         raise failed[0]
 

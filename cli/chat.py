@@ -5,7 +5,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from dflash2_mlx.errors import DFlashError
+from dflash2_mlx.errors import DFlashError, PromptTooLongError
 
 from . import distributed
 from . import options as o
@@ -63,10 +63,12 @@ def chat(
     ui.progress_note("loading models…")
     pair, tokenizer = load_pair(model, drafter, draft_quant,
                                 group=rank.group if rank else None, time_collectives=time_collectives)
+    o.check_tree_fits(pair, tree)
     # No conversation yet: a measurement (first use on this machine only) reads a built-in prompt.
     probe = build_prompt(tokenizer, SUITES["code"][0])
     block_size, calibration = o.block_plan(pair, o.parse_block_size(block_size), probe, max_tokens, recalibrate,
-                                           ranks=rank is not None, tree=tree)
+                                           ranks=rank is not None, tree=tree,
+                                           seeded=sampling.seed is not None and not sampling.greedy)
     session = ChatSession(
         pair, tokenizer, system_prompt=system_prompt, use_chat_template=not ignore_chat_template,
         template_kwargs=template_kwargs, max_tokens=max_tokens, sampling=sampling, block_size=block_size,
@@ -197,7 +199,7 @@ def chat_loop(session, read_line: Callable[[str], str], view, on_token: Optional
 
 
 def _answer(session, text: str, view, on_token) -> None:
-    with _StopOnInterrupt() as stop:
+    with _StopOnInterrupt() as stop, o.PrefillProgress.on_stderr() as progress:
 
         def show(r):
             view.token(r.text, r.from_draft)
@@ -206,8 +208,20 @@ def _answer(session, text: str, view, on_token) -> None:
             if stop.requested:
                 raise KeyboardInterrupt
 
-        result = session.ask(text, on_token=show)
+        # Only when drawn: a session stand-in (tests) may take `on_token` alone.
+        drawn = {} if progress.callback is None else {"prompt_progress_callback": progress.callback}
+        try:
+            result = session.ask(text, on_token=show, **drawn)
+        except PromptTooLongError as e:  # the conversation is kept as it was
+            raise DFlashError(_too_long(e)) from None
     view.end_answer(result)
+
+
+def _too_long(e: PromptTooLongError) -> str:
+    """The library's refusal in the chat's own terms (its commands)."""
+    where = "over" if e.prompt_tokens > e.limit else "all of"
+    return (f"the conversation would have {e.prompt_tokens:,} tokens, {where} this model's context of "
+            f"{e.limit:,}: /reset to start a new one, or send a shorter message")
 
 
 def _run_command(session, command: Command, view) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the library loads MLX: not needed to print
@@ -22,6 +24,36 @@ def note(message: str) -> None:
     dim = sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
     sys.stderr.write(f"\x1b[2m{message}\x1b[0m\n" if dim else f"{message}\n")
     sys.stderr.flush()
+
+
+@contextmanager
+def timed_note(message: str, enabled: bool = True):
+    """One muted line on stderr for a slow step, finished with its time when it
+    ends: `message… 3.2 s`. Only for people watching (stderr a terminal; logs
+    and pipes get nothing, as `ui.progress_note`); an interruption ends the
+    line, so the error line that follows starts on its own."""
+    if not enabled or not sys.stderr.isatty():
+        yield
+        return
+    dim = os.environ.get("TERM") != "dumb"
+    on, off = ("\x1b[2m", "\x1b[0m") if dim else ("", "")
+    sys.stderr.write(f"{on}{message}… ")
+    sys.stderr.flush()
+    start = time.perf_counter()
+    try:
+        yield
+    except BaseException:
+        sys.stderr.write(f"{off}\n")
+        sys.stderr.flush()
+        raise
+    sys.stderr.write(f"{time.perf_counter() - start:.1f} s{off}\n")
+    sys.stderr.flush()
+
+
+def measuring_costs(needed: bool):
+    """The note `--block-size auto` prints while it measures a pair's decode
+    costs (`options.block_plan`, when there is no calibration cached yet)."""
+    return timed_note("measuring decode costs for this pair, once (--block-size auto)", needed)
 
 
 def builtin_notice(target) -> str:

@@ -71,8 +71,11 @@ def compare(
 
     pair, tokenizer = load_pair(model, drafter, draft_quant)
     ids = build_prompt(tokenizer, text, system_prompt, not ignore_chat_template, template_kwargs)
+    o.check_prompt_fits(pair, len(ids))
+    o.check_tree_fits(pair, tree)
     # Refuses a block size this drafter cannot draft before any work; auto reads (or measures) the costs.
-    block_size, calibration = o.block_plan(pair, block_size, ids, max_tokens, recalibrate, tree=tree)
+    block_size, calibration = o.block_plan(pair, block_size, ids, max_tokens, recalibrate, tree=tree,
+                                           seeded=sampling.seed is not None and not sampling.greedy)
     quiet = json_output
 
     def on_arm(phase, arm, repeat):

@@ -9,6 +9,7 @@ import typer
 from dflash2_mlx.errors import DFlashError
 
 from .stdio import INTERRUPTED, report_interrupted
+from .terminate import Terminated, report_terminated
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None):
@@ -36,6 +37,8 @@ def run_guarded(app, argv=None) -> int:
         return getattr(e, "exit_code", 2)
     except KeyboardInterrupt:
         return report_interrupted()
+    except Terminated:  # SIGTERM (terminate.py): unwound like Ctrl-C
+        return report_terminated()
     except DFlashError as e:
         if debug:
             traceback.print_exc()

@@ -66,20 +66,25 @@ def generate(
     if model == "builtin" and not json_output:
         closing.note(closing.builtin_notice(pair.target))
     ids = build_prompt(tokenizer, text, system_prompt, not ignore_chat_template, template_kwargs)
+    o.check_prompt_fits(pair, len(ids))  # before a calibration or the prefill reads it
+    o.check_tree_fits(pair, 0 if ar else tree)
     block_size, calibration = o.block_plan(pair, block_size, ids, max_tokens, recalibrate,
-                                           ranks=rank is not None, tree=0 if ar else tree)
+                                           ranks=rank is not None, tree=0 if ar else tree,
+                                           seeded=sampling.seed is not None and not sampling.greedy)
+    progress = o.PrefillProgress.on_stderr()
     responses = stream_generate(
         pair, tokenizer, ids, max_tokens=max_tokens, sampling=sampling, block_size=block_size,
-        calibration=calibration, tree_rows=0 if ar else tree,
+        calibration=calibration, tree_rows=0 if ar else tree, prompt_progress_callback=progress.callback,
     )
     tokens, from_draft, pieces, last = [], [], [], None
-    for r in responses:
-        tokens.append(r.token)
-        from_draft.append(r.from_draft)
-        pieces.append(r.text)
-        if not json_output:
-            closing.stream_text(r.text)
-        last = r
+    with progress:  # its line erased before the text, or an error line, follows
+        for r in responses:
+            tokens.append(r.token)
+            from_draft.append(r.from_draft)
+            pieces.append(r.text)
+            if not json_output:
+                closing.stream_text(r.text)
+            last = r
     if json_output:
         record = {
             "text": "".join(pieces), "prompt_token_ids": ids, "token_ids": tokens,

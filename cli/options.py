@@ -178,6 +178,21 @@ def check_tree(rows: int) -> None:
         raise DFlashError(f"--tree {rows}: use 0 for the chain or N >= 2 rows per verify pass (e.g. 8 or 16)")
 
 
+def check_prompt_fits(pair, prompt_tokens: int) -> None:
+    """Refuse a prompt that fills the target's context before any work (a
+    calibration or the prefill would read it all first)."""
+    from dflash2_mlx.text.context import check_context
+
+    check_context(pair.target, prompt_tokens)
+
+
+def check_tree_fits(pair, rows: int) -> None:
+    """Refuse --tree N past what the drafter's lattice can hold, right after loading."""
+    from dflash2_mlx.engine.tree.cycle import check_tree_rows
+
+    check_tree_rows(pair, rows, "--tree")
+
+
 def parse_tree_sweep(raw: Optional[str]) -> list[int]:
     """The tree rows of `--tree 8,16` (empty when not given)."""
     from dflash2_mlx.errors import DFlashError
@@ -202,6 +217,61 @@ def read_prompt(prompt: Optional[str]) -> str:
     if prompt is None:
         raise DFlashError("no prompt: pass --prompt TEXT (or --prompt - to read stdin)")
     return read_stdin() if prompt == "-" else check_text(prompt, "--prompt")
+
+
+# -- prefill progress (generate, chat) -------------------------------------------------------
+PREFILL_QUIET_S = 2.0  # a prefill shorter than this draws nothing
+
+
+class PrefillProgress:
+    """The library's `prompt_progress_callback` drawn as one muted line on stderr,
+    redrawn in place once the prefill has run for PREFILL_QUIET_S, erased when
+    it ends or when the `with` block around the generation exits (an error or
+    Ctrl-C), so the next line starts clean. Inert (`callback` None) unless
+    stderr is a terminal."""
+
+    def __init__(self, stream=None, clock=None):
+        import time
+
+        self.stream, self.clock = stream, clock or time.monotonic
+        self.started, self.drawn = None, False
+
+    @classmethod
+    def on_stderr(cls) -> "PrefillProgress":
+        import os
+
+        tty = sys.stderr is not None and sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
+        return cls(sys.stderr if tty else None)
+
+    @property
+    def callback(self):
+        return self if self.stream is not None else None
+
+    def __call__(self, done: int, total: int) -> None:
+        now = self.clock()
+        if done == 0 or self.started is None:
+            self.started = now
+        if done >= total:
+            self.clear()
+            return
+        if now - self.started < PREFILL_QUIET_S:
+            return
+        # Short, so that it never wraps (a carriage return redraws one row only).
+        self.stream.write(f"\r\x1b[2mprefill {done:,} / {total:,} tokens ({100 * done // total} %)\x1b[0m\x1b[K")
+        self.stream.flush()
+        self.drawn = True
+
+    def clear(self) -> None:
+        if self.drawn:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self.drawn = False
+
+    def __enter__(self) -> "PrefillProgress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.clear()
 
 
 def parse_template_config(raw: Optional[str]) -> dict:
@@ -271,7 +341,7 @@ def cache_folder() -> Path:
 
 
 def block_plan(pair, block_size, prompt_ids, max_tokens: int, recalibrate: bool = False,
-               ranks: bool = False, tree: int = 0):
+               ranks: bool = False, tree: int = 0, seeded: bool = False):
     """(block size, calibration) to pass to `stream_generate` for the parsed --block-size.
 
     "auto" reads this machine's cached calibration, measuring it first (a few
@@ -292,9 +362,13 @@ def block_plan(pair, block_size, prompt_ids, max_tokens: int, recalibrate: bool 
         return "auto", None  # no cycle will run, or none that auto decides
     from dflash2_mlx.engine.adaptive.calibrate import calibration_path, load_or_calibrate
 
-    from . import ui
+    from .closing import measuring_costs, note
 
     folder = cache_folder()
-    if recalibrate or not calibration_path(pair, folder).exists():
-        ui.progress_note("measuring this machine's decode costs for --block-size auto (once per pair)…")
-    return "auto", load_or_calibrate(pair, folder, prompt_ids, recalibrate)
+    # A seeded run skips the start-up check: a timing would tie its schedule to the clock.
+    with measuring_costs(recalibrate or not calibration_path(pair, folder).exists()):
+        calibration = load_or_calibrate(pair, folder, prompt_ids, recalibrate, check=not seeded)
+    if calibration.rescaled is not None:
+        note(f"[decode costs rescaled {calibration.rescaled:.2f}x: a plain step timed now disagreed with the "
+             "cached calibration; `dflash2 doctor --recalibrate` measures them again]")
+    return "auto", calibration

@@ -15,7 +15,7 @@ from . import distributed
 from . import options as o
 
 Host = Annotated[str, typer.Option("--host", help="Address to bind; anything but loopback needs --api-key or --allow-unauthenticated.")]
-Port = Annotated[int, typer.Option("--port", help="Port to bind (0: any free port, printed at start).")]
+Port = Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to bind, 0..65535 (0: any free port, printed at start).")]
 ApiKey = Annotated[
     Optional[str],
     typer.Option("--api-key", envvar="DFLASH2_API_KEY",
@@ -24,7 +24,11 @@ ApiKey = Annotated[
 AllowUnauthenticated = Annotated[
     bool, typer.Option("--allow-unauthenticated", help="Serve a non-loopback --host without an API key (anyone who can reach it may use it)."),
 ]
-MaxPromptTokens = Annotated[int, typer.Option("--max-prompt-tokens", help="Refuse prompts longer than this (400).")]
+MaxPromptTokens = Annotated[
+    Optional[int],
+    typer.Option("--max-prompt-tokens", help="Refuse prompts longer than this (400); default: the model's context "
+                                             "(prompt and max_tokens must fit it in any case)."),
+]
 CacheBytes = Annotated[
     str, typer.Option("--cache-bytes", help="Prompt cache bound across requests, e.g. 4GB, 512MB or bytes (0 = off); least recently used conversations go first."),
 ]
@@ -45,7 +49,7 @@ def serve(
     recalibrate: o.Recalibrate = False,
     tree: o.Tree = 0,
     draft_quant: o.DraftQuant = None,
-    max_prompt_tokens: MaxPromptTokens = 32768,
+    max_prompt_tokens: MaxPromptTokens = None,
     max_tokens: DefaultMaxTokens = 512,
     cache_bytes: CacheBytes = "4GB",
     max_queue: MaxQueue = 32,
@@ -68,7 +72,7 @@ def serve(
         raise DFlashError(f"--max-queue {max_queue} must be 0 or more")
     o.check_max_tokens(max_tokens)
     o.check_tree(tree)
-    if max_prompt_tokens < 1:
+    if max_prompt_tokens is not None and max_prompt_tokens < 1:
         raise DFlashError(f"--max-prompt-tokens {max_prompt_tokens} must be at least 1")
     block_size = o.parse_block_size(block_size)
     if ar and (block_size != "auto" or draft_quant or tree):
@@ -92,6 +96,7 @@ def serve(
 
     from dflash2_mlx.loading.load_pair import load_pair
     from dflash2_mlx.serve.app import create_app
+    from dflash2_mlx.serve.drain import Drain
     from dflash2_mlx.serve.service import EngineService
     from dflash2_mlx.serve.settings import ServeSettings
 
@@ -114,26 +119,77 @@ def serve(
             service.follow()  # until rank 0 sends the stop job
             return
     print("loading models…", file=sys.stderr)
-    pair, _ = service.start()
+    pair, _ = _start(service)
     settings = ServeSettings(model_id=model, api_key=api_key, max_prompt_tokens=max_prompt_tokens,
                              default_max_tokens=max_tokens, template_kwargs=template_kwargs)
-    app = create_app(service, settings)
+    drain = Drain()
+    app = create_app(service, settings, drain)
     bound = sock.getsockname()
     mode = "plain autoregressive" if pair.drafter is None else pair.kind
     print(f"serving '{model}' ({mode}) on http://{_url_host(bound[0])}:{bound[1]}  "
           f"(OpenAI /v1/chat/completions, Anthropic /v1/messages; Ctrl-C stops)", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, log_level="info" if debug else "warning", access_log=debug,
-                            timeout_graceful_shutdown=60)
-    # Uvicorn drains on the first SIGINT/SIGTERM, then raises the signal again
-    # for the default action; ignoring that second delivery lets a drained
-    # server exit 0 instead of dying by the signal.
+                            timeout_graceful_shutdown=_AFTER_DRAIN_S)
+    # Uvicorn raises a signal it shut down for again, for the default action;
+    # ignoring that delivery lets a drained server exit 0 instead of dying by it.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        _draining_server(uvicorn.Server, config, drain).run(sockets=[sock])
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     print("stopped", file=sys.stderr)
+
+
+_DRAIN_S = 60.0  # the longest a drain waits for the requests it holds
+_AFTER_DRAIN_S = 5  # then uvicorn's own shutdown, for connections still open
+
+
+def _draining_server(base, config, drain):
+    """A uvicorn server that drains at the application first: on the first
+    SIGINT/SIGTERM the socket stays open, new requests get 503 (serve/drain.py)
+    and the held ones finish (up to _DRAIN_S); then uvicorn shuts down as
+    usual. A second signal stops waiting (uvicorn's own handling: a third
+    Ctrl-C cancels what still runs)."""
+    import time
+
+    class DrainingServer(base):
+        deadline = None
+
+        def handle_exit(self, sig, frame):
+            if drain.draining or self.should_exit:
+                return super().handle_exit(sig, frame)
+            drain.start()
+            self.deadline = time.monotonic() + _DRAIN_S
+            held = f"finishing {drain.held} request(s) in progress; " if drain.held else ""
+            print(f"stopping: {held}new requests get 503 (Ctrl-C again to stop now)", file=sys.stderr, flush=True)
+
+        async def on_tick(self, counter: int) -> bool:
+            if drain.draining and not self.should_exit and (drain.idle or time.monotonic() > self.deadline):
+                self.should_exit = True
+            return await super().on_tick(counter)
+
+    return DrainingServer(config)
+
+
+def _start(service):
+    """`service.start()`; a Ctrl-C or SIGTERM while the engine thread still
+    loads ends the process there and then, with its one line: MLX aborts the
+    interpreter's exit while another thread is inside it. The loader writes
+    nothing but the calibration cache, and that by a rename (a leftover
+    temporary is overwritten by the next measurement)."""
+    import os
+
+    from .stdio import report_interrupted
+    from .terminate import Terminated, report_terminated
+
+    try:
+        return service.start()
+    except (KeyboardInterrupt, Terminated) as e:
+        code = report_terminated() if isinstance(e, Terminated) else report_interrupted()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _join_ranks(service, rank) -> None:

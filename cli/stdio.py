@@ -78,22 +78,31 @@ def read_stdin(what: str = "the prompt on standard input") -> str:
 
 @contextmanager
 def interrupts_deferred():
-    """A Ctrl-C inside the block takes effect when it ends.
+    """A Ctrl-C (or a SIGTERM the CLI handles, terminate.py) inside the block
+    takes effect when it ends.
 
     The Python-level handler is swapped rather than the signal masked: any of
     MLX's threads may receive the signal, and CPython runs the handler on the
-    main thread wherever it arrived."""
+    main thread wherever it arrived. SIGTERM is held only when a Python
+    handler is installed (left at its default it must still end the process)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     pending = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+
+    def record(signum, frame):
+        pending.append(signum)
+
+    held = [signal.SIGINT] + [signal.SIGTERM] * callable(signal.getsignal(signal.SIGTERM))
+    previous = {sig: signal.signal(sig, record) for sig in held}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if pending and callable(previous):  # Python's default handler raises KeyboardInterrupt
-            previous(signal.SIGINT, None)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig in (signal.SIGTERM, signal.SIGINT):  # SIGTERM wins: it ends the command either way
+            if sig in pending and callable(previous.get(sig)):  # Python's default SIGINT handler raises KeyboardInterrupt
+                previous[sig](sig, None)
 
 
 def write_whole(text: str, stream=None) -> None:

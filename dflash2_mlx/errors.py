@@ -29,3 +29,14 @@ class UnsupportedModelError(DFlashError):
 
 class BlockSizeError(DFlashError, ValueError):
     """A block size the pair cannot draft (also a ValueError: a bad argument)."""
+
+
+class PromptTooLongError(DFlashError, ValueError):
+    """A prompt that leaves no room in the target's context for an answer.
+
+    Carries the numbers so each caller can say what to do in its own terms
+    (a chat command, an HTTP field)."""
+
+    def __init__(self, message: str, prompt_tokens: int, limit: int):
+        super().__init__(message)
+        self.prompt_tokens, self.limit = prompt_tokens, limit

@@ -13,7 +13,7 @@ here for the other commands. Each renderer is a pure function of its data.
 """
 
 from ..closing import (  # noqa: F401  (re-exported)
-    block_label, block_lines, builtin_notice, closing_lines, print_closing, stream_text,
+    block_label, block_lines, builtin_notice, closing_lines, measuring_costs, print_closing, stream_text, timed_note,
 )
 from .chat_view import (  # noqa: F401
     CHAT_COMMANDS, ChatView, acceptance_bars, chat_help, header_panel, turn_line, turn_stats,
@@ -22,7 +22,7 @@ from .progress import BarProgress, RunProgress, TrainProgress, eval_line  # noqa
 from .replay import compare_panes, final_panes, replay  # noqa: F401
 from .style import (  # noqa: F401
     DRAFT_STYLE, MUTED, STATUS_MARK, console, err_console, gb, machine_line, make_console, positions_text,
-    progress_note, status,
+    print_whole, progress_note, status,
 )
 from .tables import (  # noqa: F401
     bench_report, bench_table, compare_table, doctor_section, doctor_summary, parity_text,

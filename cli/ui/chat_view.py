@@ -7,6 +7,7 @@ from rich.console import Console
 
 from dflash2_mlx.text.modes import mode_name
 
+from ..closing import block_label, block_lines
 from .style import DRAFT_STYLE, MUTED, console, gb
 
 CHAT_COMMANDS = [
@@ -85,11 +86,13 @@ def turn_stats(result):
         return Text("  the last answer was interrupted: no statistics", style=MUTED)
     if s.mode == "ar":
         return Text(f"  plain decoding: {s.generation_tokens} tokens, {s.target_passes} target passes", style=MUTED)
+    shape = f"tree {s.tree_rows}" if s.tree_rows else f"block {block_label(s)}"
     head = Text(
-        f"  {mode_name(s.mode)}, block {s.block_size}: draft acceptance {s.acceptance_rate:.2f} "
+        f"  {mode_name(s.mode)}, {shape}: draft acceptance {s.acceptance_rate:.2f} "
         f"({s.accepted} accepted / {s.drafted} drafted), mean acceptance length {s.mean_acceptance_length:.2f}, "
         f"{s.target_passes} target passes for {s.generation_tokens} tokens")
-    return Group(head, acceptance_bars(s.acceptance_by_position))
+    used = [Text(f"  {line}", style=MUTED) for line in block_lines(s)]  # what auto chose, as generate says it
+    return Group(head, *used, acceptance_bars(s.acceptance_by_position))
 
 
 class ChatView:

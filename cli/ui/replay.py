@@ -7,6 +7,7 @@ from rich.console import Console
 
 from dflash2_mlx.text.modes import mode_name
 
+from ..closing import block_label
 from .style import DRAFT_STYLE, MUTED, console
 
 
@@ -46,7 +47,7 @@ def compare_panes(comparison, frame, width: int = 160, height: int = 14, speed: 
         rate = (shown - 1) / (t - run.prompt_seconds) if shown > 1 and t > run.prompt_seconds else 0.0
         label = mode_name(run.mode)
         if run.mode != "ar":
-            label += f" (tree {run.stats.tree_rows})" if run.stats.tree_rows else f" (block {run.stats.block_size})"
+            label += f" (tree {run.stats.tree_rows})" if run.stats.tree_rows else f" (block {block_label(run.stats)})"
         sub = f"{shown} tok · {t:.2f} s · {rate:.1f} tok/s"
         panes.append(Panel(_tail(_run_text(run, shown), inner, height - 2), title=f"[bold]{label}[/]",
                            subtitle=sub, height=height, border_style="green" if done else "blue"))

@@ -26,6 +26,25 @@ def make_console(file=None, width: int = 100, record: bool = False, color: bool 
                    force_terminal=color, color_system="truecolor" if color else None)
 
 
+def print_whole(renderable, out: Console = None) -> None:
+    """Print `renderable` on `out` (stdout) without cutting it: on a terminal at
+    the terminal's width; into a file or a pipe, where Rich would assume 80
+    columns and cut table cells to "…", as wide as its widest line."""
+    out = out or console
+    if out.is_terminal:
+        out.print(renderable)
+        return
+    from rich.measure import Measurement
+
+    needed = Measurement.get(out, out.options.update_width(100_000), renderable).maximum
+    width = out.width
+    out.width = max(width, needed)  # print(width=...) cannot go past the console's own width
+    try:
+        out.print(renderable)
+    finally:
+        out.width = width
+
+
 def progress_note(message: str) -> None:
     """A status line for people watching (a terminal), not for logs or pipes."""
     if err_console.is_terminal:

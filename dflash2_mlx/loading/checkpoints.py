@@ -111,10 +111,21 @@ def load_target(
     except Exception as e:
         raise CheckpointError(f"target '{ref}' tokenizer does not load ({_first_line(e)}): check its "
                               "tokenizer files, or download them again") from None
+    _no_length_warning(tokenizer)
     if sharded:
         mx.eval(model.parameters())
         barrier(group)
     return target or Target(model), tokenizer
+
+
+def _no_length_warning(tokenizer) -> None:
+    """Switch off transformers' warning about a prompt over the tokenizer's
+    `model_max_length`: the model's own context is checked before prefill
+    (text/context.py), and refused in one line that says what to do."""
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    given = getattr(hf, "deprecation_warnings", None)
+    if isinstance(given, dict):  # transformers' record of the warnings it gave once
+        given["sequence-length-is-longer-than-the-specified-maximum"] = True
 
 
 def _first_line(e: Exception) -> str:

@@ -47,7 +47,8 @@ def parse_messages(body: dict, tokenizer, settings: ServeSettings) -> Call:
         messages.append({"role": role, "content": _text(m.get("content"), f"{where}.content")})
     tools = [_tool(t, i) for i, t in enumerate(get(body, "tools", list, []))] or None
     ids, text = conversation_ids(tokenizer, messages, tools=tools, template_kwargs=settings.template_kwargs)
-    check_prompt_length(ids, settings.max_prompt_tokens, "messages")
+    # No --max-prompt-tokens: only the model's context bounds it (EngineService.submit).
+    check_prompt_length(ids, settings.max_prompt_tokens or len(ids), "messages")
     sampling = read_sampling(body, max_temperature=1.0)
     max_tokens = read_max_tokens(body, ("max_tokens",), 0, required=True)
     request = GenerationRequest(tuple(ids), max_tokens, sampling, stop_list(body, "stop_sequences"))

@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from . import anthropic, openai
+from .drain import Drain, retry_after_s
 from .errors import ApiError
 from .jobs import collect
 from .service import EngineService, QueueFull, ShuttingDown
@@ -31,17 +32,22 @@ ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models
 OPEN_PATHS = ("/health",)  # answered without a key: load balancers and supervisors poll it
 
 
-def create_app(service: EngineService, settings: ServeSettings) -> Starlette:
-    """The server for a started `service` (models loaded)."""
+def create_app(service: EngineService, settings: ServeSettings, drain: Drain = None) -> Starlette:
+    """The server for a started `service` (models loaded). `drain`, when
+    given, is started by whoever stops the server (drain.py)."""
     tokenizer = service.tokenizer
+    drain = drain or Drain()
     created = int(time.time())
 
     async def health(request: Request) -> Response:
+        if drain.draining:  # a load balancer takes this instance out
+            return JSONResponse({"status": "draining", "model": settings.model_id,
+                                 "queue_length": service.queue_length}, status_code=503)
         return JSONResponse({"status": "ok", "model": settings.model_id, "queue_length": service.queue_length})
 
     async def metrics(request: Request) -> Response:
         pool = service.pool
-        text = service.metrics.render(service.queue_length, service.busy, len(pool), pool.nbytes)
+        text = service.metrics.render(service.queue_length, service.busy, len(pool), pool.nbytes, drain.held)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     async def models(request: Request) -> Response:
@@ -98,7 +104,8 @@ def create_app(service: EngineService, settings: ServeSettings) -> Starlette:
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error},
         lifespan=lifespan,
     )
-    app.add_middleware(_Guard, settings=settings, metrics=service.metrics)
+    app.add_middleware(_Guard, settings=settings, metrics=service.metrics, drain=drain)
+    app.state.drain = drain
     return app
 
 
@@ -106,7 +113,9 @@ def submit(service: EngineService, request):
     try:
         return service.submit(request)
     except QueueFull:
-        raise ApiError(429, f"the queue is full ({service.max_queue} requests waiting): retry shortly") from None
+        wait = retry_after_s(service.metrics.mean_generation_s)
+        raise ApiError(429, f"the queue is full ({service.max_queue} requests waiting): retry in about {wait} s",
+                       headers={"Retry-After": str(wait)}) from None
     except ShuttingDown:
         raise ApiError(503, "the server is shutting down: retry on another instance") from None
 
@@ -134,7 +143,7 @@ async def read_json(request: Request, limit: int) -> dict:
 def _error_response(request_path: str, error: ApiError) -> JSONResponse:
     anthropic_route = request_path.startswith("/v1/messages")
     body = error.anthropic_body() if anthropic_route else error.openai_body()
-    return JSONResponse(body, status_code=error.status)
+    return JSONResponse(body, status_code=error.status, headers=error.headers or None)
 
 
 async def _api_error(request: Request, exc: ApiError) -> Response:
@@ -158,12 +167,17 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return _error_response(request.url.path, ApiError(500, f"internal error: {type(exc).__name__}: {first}"))
 
 
+_WATCH_PATHS = ("/health", "/metrics")
+_DRAINING = "the server is shutting down and takes no new requests: retry on another instance"
+
+
 class _Guard:
     """Checks the API key (before any body is read, so a bad key never starts
-    a generation) and counts requests by route and status."""
+    a generation), answers 503 while the server drains (drain.py), counts
+    requests by route and status, and the requests the drain waits for."""
 
-    def __init__(self, app, settings: ServeSettings, metrics):
-        self.app, self.settings, self.metrics = app, settings, metrics
+    def __init__(self, app, settings: ServeSettings, metrics, drain: Drain):
+        self.app, self.settings, self.metrics, self.drain = app, settings, metrics, drain
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -182,9 +196,22 @@ class _Guard:
             if key is not None and path not in OPEN_PATHS and not _key_ok(scope, key):
                 error = ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'")
                 return await _error_response(path, error)(scope, receive, counted_send)
-            await self.app(scope, receive, counted_send)
+            if path in _WATCH_PATHS:  # answered at once, draining or not; the drain does not wait for them
+                return await self.app(scope, receive, counted_send)
+            if self.drain.draining:
+                return await _draining_response(path)(scope, receive, counted_send)
+            self.drain.held += 1
+            try:
+                await self.app(scope, receive, counted_send)
+            finally:
+                self.drain.held -= 1
         finally:
             self.metrics.count_request(route, status.get("code", 499))
+
+
+def _draining_response(path: str) -> Response:
+    """503 for a request that arrived after the drain began; the connection closes after it."""
+    return _error_response(path, ApiError(503, _DRAINING, headers={"Connection": "close"}))
 
 
 def _key_ok(scope, key: str) -> bool:

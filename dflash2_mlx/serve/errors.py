@@ -22,13 +22,16 @@ ERROR_TYPES = {
 
 
 class ApiError(Exception):
-    """A failed request: HTTP status, one-line message, and the field at fault."""
+    """A failed request: HTTP status, one-line message, the field at fault, and
+    any headers the answer carries (Retry-After on 429)."""
 
-    def __init__(self, status: int, message: str, param: Optional[str] = None):
+    def __init__(self, status: int, message: str, param: Optional[str] = None,
+                 headers: Optional[dict] = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.headers = dict(headers or {})
 
     def openai_body(self) -> dict:
         kind = ERROR_TYPES.get(self.status, ERROR_TYPES[500])[0]

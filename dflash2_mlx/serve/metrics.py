@@ -24,6 +24,9 @@ class Metrics:
         self.committed = 0  # tokens those passes committed
         self.drafted = 0
         self.accepted = 0
+        self.timed_generations = 0  # generations with final statistics, and their seconds
+        self.generation_seconds = 0.0
+        self.block_cycles: Counter = Counter()  # speculative cycles by block size (1: a plain step)
 
     def count_request(self, route: str, status: int) -> None:
         self.requests[(route, status)] += 1
@@ -41,8 +44,17 @@ class Metrics:
             self.committed += round(stats.mean_acceptance_length * stats.target_passes)
             self.drafted += stats.drafted
             self.accepted += stats.accepted
+            self.timed_generations += 1
+            self.generation_seconds += _seconds(stats)
+            self.block_cycles.update(stats.block_sizes or {})
 
-    def render(self, queue_length: int, busy: bool, cache_entries: int, cache_bytes: int) -> str:
+    @property
+    def mean_generation_s(self) -> Optional[float]:
+        """Seconds a generation took, prefill included, on average (None before the first)."""
+        return self.generation_seconds / self.timed_generations if self.timed_generations else None
+
+    def render(self, queue_length: int, busy: bool, cache_entries: int, cache_bytes: int,
+               in_progress: int = 0) -> str:
         tau = self.committed / self.target_passes if self.target_passes else 0.0
         lines = []
 
@@ -69,9 +81,20 @@ class Metrics:
         metric("dflash2_accepted_tokens_total", "counter", "Draft tokens the target accepted.", [("", self.accepted)])
         metric("dflash2_mean_acceptance_length", "gauge", "Tokens committed per target pass (tau), all generations.",
                [("", f"{tau:.4f}")])
+        metric("dflash2_block_cycles_total", "counter",
+               "Speculative cycles by the block size they ran (1: a plain step; --block-size auto chooses per cycle).",
+               [(f'{{block_size="{B}"}}', n) for B, n in sorted(self.block_cycles.items())] or [("", 0)])
+        metric("dflash2_requests_in_progress", "gauge",
+               "Requests being answered (not /health or /metrics); a drain waits for them.", [("", in_progress)])
         metric("dflash2_queue_length", "gauge", "Requests waiting for the model.", [("", queue_length)])
         metric("dflash2_busy", "gauge", "1 while a generation runs.", [("", int(busy))])
         metric("dflash2_prompt_cache_entries", "gauge", "Conversations held in the prompt cache.",
                [("", cache_entries)])
         metric("dflash2_prompt_cache_bytes", "gauge", "Bytes held by the prompt cache.", [("", cache_bytes)])
         return "\n".join(lines) + "\n"
+
+
+def _seconds(stats: GenerationStats) -> float:
+    prefill = stats.prompt_tokens / stats.prompt_tps if stats.prompt_tps else 0.0
+    decode = (stats.generation_tokens - 1) / stats.generation_tps if stats.generation_tps else 0.0
+    return prefill + max(decode, 0.0)

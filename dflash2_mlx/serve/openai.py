@@ -78,7 +78,8 @@ def _call(body: dict, ids: list, settings: ServeSettings, chat: bool, think: tup
     include_usage = bool(get(options, "include_usage", bool, False))
     sampling = read_sampling(body, max_temperature=2.0)
     max_tokens = read_max_tokens(body, ("max_completion_tokens", "max_tokens"), settings.default_max_tokens)
-    check_prompt_length(ids, settings.max_prompt_tokens, "messages" if chat else "prompt")
+    # No --max-prompt-tokens: only the model's context bounds it (EngineService.submit).
+    check_prompt_length(ids, settings.max_prompt_tokens or len(ids), "messages" if chat else "prompt")
     stop = stop_list(body, "stop", limit=4)
     request = GenerationRequest(tuple(ids), max_tokens, sampling, stop)
     return Call(request, chat, stream, include_usage, think)

@@ -19,9 +19,12 @@ import mlx.core as mx
 
 from ..engine.decode.loop import DecodeCache
 from ..engine.pair import Pair
-from ..errors import DFlashError
+from ..engine.tree.cycle import check_tree_rows
+from ..errors import DFlashError, PromptTooLongError
+from ..text.context import check_context
 from ..text.generate import stream_generate
 from .cache_pool import PromptCachePool
+from .errors import ApiError
 from .jobs import Delta, Failed, Finished, GenerationRequest, Job, Started
 from .metrics import Metrics
 
@@ -98,6 +101,13 @@ class EngineService:
 
     # -- requests (event-loop thread) -------------------------------------------------
     def submit(self, request: GenerationRequest) -> Job:
+        """Queue `request`. A prompt that fills the model's context is refused
+        here with a 400, before a streamed answer starts (an answer that reaches
+        the end of the context stops there, finish reason "length")."""
+        try:
+            check_context(getattr(self.pair, "target", None), len(request.prompt_ids))
+        except PromptTooLongError as e:
+            raise ApiError(400, str(e)) from None
         job = Job(request, asyncio.get_running_loop())
         with self._lock:
             if self._stopping:
@@ -122,6 +132,7 @@ class EngineService:
         try:
             try:
                 self.pair, self.tokenizer = self._load()
+                check_tree_rows(self.pair, self.tree_rows)  # at start, not in every request's 400
                 self.pool = PromptCachePool(self.cache_bytes, self._new_cache)
             except BaseException as e:  # handed to start(), which re-raises it
                 self._load_error = e

@@ -7,12 +7,16 @@ from ..text.stats import GenerationStats
 
 def speculative_usage(stats: Optional[GenerationStats]) -> Optional[dict]:
     """τ, target passes and acceptance by draft position (None when the
-    generation was cut off before its final statistics)."""
+    generation was cut off before its final statistics). With --block-size
+    auto, `block_size` is the largest block auto may choose and `block_sizes`
+    the cycles it ran at each size (1: a plain step)."""
     if stats is None:
         return None
     return {
         "mode": stats.mode,
         "block_size": stats.block_size,
+        "block_policy": stats.block_policy,
+        "block_sizes": {str(B): n for B, n in sorted(stats.block_sizes.items())} if stats.block_sizes else None,
         "tree_rows": stats.tree_rows,
         "verify_rows": stats.verify_rows,
         "mean_acceptance_length": stats.mean_acceptance_length,

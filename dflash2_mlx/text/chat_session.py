@@ -15,7 +15,9 @@ from ..engine.adaptive.calibrate import measure
 from ..engine.decode.loop import DecodeCache
 from ..engine.pair import Pair
 from ..engine.sampling import SamplingParams
+from ..engine.tree.cycle import check_tree_rows
 from ..errors import DFlashError
+from .context import check_context
 from .generate import GenerationResponse, stream_generate
 from .prompt import render_conversation
 from .stats import GenerationStats
@@ -86,6 +88,7 @@ class ChatSession:
         self.messages: list[dict] = []
         self.last: Optional[TurnResult] = None
         self._check_block_size(block_size)
+        check_tree_rows(pair, tree_rows)
         self.cache = self._new_cache()
 
     # -- settings ---------------------------------------------------------------
@@ -121,6 +124,7 @@ class ChatSession:
         elif name == "tree":
             if value < 0 or value == 1:
                 raise DFlashError(f"tree {value}: use 0 for the chain or N >= 2 rows per verify pass")
+            check_tree_rows(self.pair, value, "tree")
             self.tree_rows = value
         else:
             field = {"temp": "temperature"}.get(name, name)
@@ -175,8 +179,12 @@ class ChatSession:
         return ids, common, common < len(cached)
 
     # -- a turn ---------------------------------------------------------------------
-    def ask(self, text: str, on_token: Optional[Callable[[GenerationResponse], None]] = None) -> TurnResult:
-        """Answer `text`, calling `on_token` with each response as it streams.
+    def ask(self, text: str, on_token: Optional[Callable[[GenerationResponse], None]] = None,
+            prompt_progress_callback: Optional[Callable[[int, int], None]] = None) -> TurnResult:
+        """Answer `text`, calling `on_token` with each response as it streams
+        (and `prompt_progress_callback(done, total)` through the prefill of
+        the turn's new tokens). A conversation that fills the target's context
+        raises `PromptTooLongError`, and nothing changes.
 
         A KeyboardInterrupt (from `on_token`, or Ctrl-C while the model runs)
         ends the answer early: the partial answer joins the conversation and the
@@ -185,6 +193,7 @@ class ChatSession:
         if not text or not text.strip():
             raise DFlashError("the message is empty")
         ids, reuse, rewound = self._plan(text)
+        check_context(self.target, len(ids), "the conversation")  # before any work
         if reuse == 0 and self.cache.tokens:
             self.cache = self._new_cache()
         elif reuse < len(self.cache.tokens):
@@ -200,7 +209,7 @@ class ChatSession:
             self.pair, self.tokenizer, prompt, max_tokens=self.max_tokens,
             sampling=self.sampling, block_size=self.block_size if self.drafter else None,
             calibration=self.calibration, prefill_step_size=self.prefill_step_size, prompt_cache=self.cache,
-            tree_rows=self.tree_rows if self.drafter else 0,
+            tree_rows=self.tree_rows if self.drafter else 0, prompt_progress_callback=prompt_progress_callback,
         )
         tokens, flags, last, interrupted = [], [], None, False
         try:

@@ -7,7 +7,7 @@ generated token. The last response carries `finish_reason` and the stats.
 
 import time
 from dataclasses import dataclass, replace
-from typing import Generator, Optional, Sequence, Union
+from typing import Callable, Generator, Optional, Sequence, Union
 
 import mlx.core as mx
 
@@ -19,6 +19,7 @@ from ..engine.pair import Pair
 from ..engine.decode.profile import CycleProfiler
 from ..engine.sampling import SamplingParams
 from ..errors import DFlashError
+from .context import check_context
 from .detokenize import IncrementalDetokenizer, StopMatcher
 from .stats import GenerationStats, StatsRecorder, collective_fields
 
@@ -59,6 +60,7 @@ def stream_generate(
     prompt_cache: Optional[DecodeCache] = None,
     profiler: Optional[CycleProfiler] = None,
     tree_rows: int = 0,
+    prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
 ) -> Generator[GenerationResponse, None, None]:
     """Stream a completion; DFlash / DFlash 2 when `pair` has a drafter, else plain decoding.
 
@@ -68,11 +70,19 @@ def stream_generate(
     `engine.adaptive.calibrate.load_or_calibrate` to keep it on disk), decoding plainly
     where no block size beats plain decoding. The output is the same either way.
     `tree_rows` > 0 verifies trees of that many rows (docs/tree.md); 0 verifies
-    the chain.
+    the chain. `prompt_progress_callback(done, total)`, as in mlx-lm, is
+    called as the prompt's tokens run through the target (0 first, `total`
+    last). A prompt that fills the target's context (earlier turns in
+    `prompt_cache` included) raises `PromptTooLongError` before any of it
+    runs; generation stops, as at `max_tokens`, when the context is full.
     """
     if max_tokens < 1:
         raise DFlashError(f"max_tokens {max_tokens} must be at least 1")
     ids = encode_prompt(tokenizer, prompt)
+    # Tokens before this call; the prompt's first token is the cache's last one.
+    history = max(len(prompt_cache.tokens) - 1, 0) if prompt_cache is not None else 0
+    room = check_context(pair.target, history + len(ids))  # before calibration and prefill
+    max_tokens = max_tokens if room is None else min(max_tokens, room)  # a full context ends it ("length")
     eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
     profiler = profiler or CycleProfiler()
     auto = auto_decides(pair, block_size, tree_rows)
@@ -87,16 +97,15 @@ def stream_generate(
         steps = autoregressive_generate_step(
             ids, pair, max_tokens=max_tokens, sampling=sampling,
             prefill_step_size=prefill_step_size, prompt_cache=prompt_cache,
+            prompt_progress_callback=prompt_progress_callback,
         )
     else:
         steps = speculative_generate_step(
             ids, pair, max_tokens=max_tokens, block_size=B, sampling=sampling,
             prefill_step_size=prefill_step_size, prompt_cache=prompt_cache, profiler=profiler,
             tree_rows=tree_rows,
-            policy=policy,
+            policy=policy, prompt_progress_callback=prompt_progress_callback,
         )
-    # Tokens before this call; the prompt's first token is the cache's last one.
-    history = max(len(prompt_cache.tokens) - 1, 0) if prompt_cache is not None else 0
     detok = IncrementalDetokenizer(tokenizer, ids)
     stopper = StopMatcher(stop)
     recorder = StatsRecorder(B)

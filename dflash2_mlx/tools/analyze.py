@@ -220,9 +220,15 @@ def relative_to_dflash(result: dict) -> None:
 
 def heldout_sequences(paths: list[str], tokenizer, seq_len: int, fraction: float) -> np.ndarray:
     """The held-out examples of `paths` packed into sequences, as analyze reads them."""
-    held = [e for e in read_examples(paths) if is_heldout(e.source, fraction)]
+    examples = read_examples(paths)
+    held = [e for e in examples if is_heldout(e.source, fraction)]
     if not held:
-        raise DFlashError("no held-out examples in --data: give more files or raise --heldout-fraction")
+        # Examples are held out whole (train's split, train.setup.is_heldout): a
+        # slightly larger fraction rarely changes that for a few files.
+        raise DFlashError(
+            f"none of the {len(examples)} example(s) in --data is in the held-out {fraction:g} share (each text file, "
+            "or JSONL line, is held out whole by a hash of its name): pass the --data the drafters were trained on "
+            "(a folder or many files), or --heldout-fraction 1 if none of it was trained on")
     return pack_sequences(held, tokenizer, seq_len, tokenizer.eos_token_id)
 
 

@@ -7,7 +7,7 @@ returns a `CycleOutcome`, and one tail commits it and yields a `DecodeStep`
 is `--ar`. The loop leaves its caches consistent when closed early.
 """
 
-from typing import Generator, Optional
+from typing import Callable, Generator, Optional
 
 import mlx.core as mx
 
@@ -36,6 +36,7 @@ def generate_step(
     profiler: Optional[CycleProfiler] = None,
     tree_rows: int = 0,
     policy=None,
+    prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
 ) -> Generator[DecodeStep, None, None]:
     """Lossless decoding of `pair`; yields one step per target pass.
 
@@ -47,13 +48,12 @@ def generate_step(
     drafter's lattice instead of the chain (docs/tree.md). `prompt_cache`,
     when given, already holds earlier context; `prompt` then starts with the
     cache's last committed token (committed, never run) then the new tokens.
+    `prompt_progress_callback(done, total)`: mlx-lm's, called through the prefill.
     """
     drafter = pair.drafter
     block = pair.block_size(block_size)
     prompt = _check_prompt(prompt)
-    if prompt_cache is not None:
-        prompt_cache.check_continuation(prompt)
-    cache = prompt_cache or DecodeCache(pair.target.make_cache(), drafter.make_cache() if drafter else None)
+    cache = _cache_for(prompt, pair, prompt_cache)
     profiler = profiler or CycleProfiler()
     transform = make_logprobs_transform(sampling)
     sample = token_sampler(sampling, transform)
@@ -61,7 +61,7 @@ def generate_step(
     if policy is None or tree_rows:  # the cost model is the chain's: a tree drafts the fixed block
         policy = FixedBlock(block)
     key, sub = split_key(make_key(sampling))
-    plain = PlainStep(sample(_prefill(prompt, pair, cache, prefill_step_size), sub), rows=0)
+    plain = PlainStep(sample(_prefill(prompt, pair, cache, prefill_step_size, prompt_progress_callback), sub), rows=0)
     cache.record_prompt(prompt)
     pending, left, choice, anchor = PendingFeatures(), max_tokens, None, None
     try:
@@ -139,26 +139,45 @@ def autoregressive_generate_step(
     sampling: SamplingParams = SamplingParams(),
     prefill_step_size: int = 2048,
     prompt_cache: Optional[DecodeCache] = None,
+    prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
 ) -> Generator[DecodeStep, None, None]:
     """Plain decoding through the same loop and sampling code, for baselines
     (`--ar`); a drafter in `pair` is ignored."""
     return generate_step(prompt, pair.without_drafter(), max_tokens=max_tokens, sampling=sampling,
-                         prefill_step_size=prefill_step_size, prompt_cache=prompt_cache)
+                         prefill_step_size=prefill_step_size, prompt_cache=prompt_cache,
+                         prompt_progress_callback=prompt_progress_callback)
 
 
-def _prefill(prompt: mx.array, pair: Pair, cache: DecodeCache, prefill_step_size: int) -> mx.array:
+def _prefill(prompt: mx.array, pair: Pair, cache: DecodeCache, prefill_step_size: int,
+             prompt_progress_callback: Optional[Callable[[int, int], None]] = None) -> mx.array:
     """Run the prompt through the target (and its features into the drafter
-    cache) chunk by chunk; return the last row's logits [V]."""
+    cache) chunk by chunk; return the last row's logits [V].
+    `prompt_progress_callback(done, total)` is called with 0 first, then after
+    each chunk has run (its caches evaluated), ending with `total`."""
     target, drafter = pair.target, pair.drafter
     logits = None
-    for start in range(0, prompt.size, prefill_step_size):
+    total = prompt.size
+    if prompt_progress_callback is not None:
+        prompt_progress_callback(0, total)
+    for start in range(0, total, prefill_step_size):
         chunk = prompt[start : start + prefill_step_size][None]
         logits, features = target(chunk, cache.target, pair.layer_ids, last_logits_only=True)
         if drafter is not None:
             drafter.append_context(features, cache.drafter)
             mx.eval([c.state for c in cache.drafter])
         mx.eval([c.state for c in cache.target])
+        if prompt_progress_callback is not None:
+            prompt_progress_callback(min(start + prefill_step_size, total), total)
     return logits[0, -1]
+
+
+def _cache_for(prompt: mx.array, pair: Pair, prompt_cache: Optional[DecodeCache]) -> DecodeCache:
+    """`prompt_cache`, checked to continue with `prompt`; else fresh caches."""
+    if prompt_cache is not None:
+        prompt_cache.check_continuation(prompt)
+        return prompt_cache
+    drafter = pair.drafter
+    return DecodeCache(pair.target.make_cache(), drafter.make_cache() if drafter else None)
 
 
 def _check_prompt(prompt) -> mx.array:

@@ -13,17 +13,38 @@ import numpy as np
 from ...errors import DFlashError
 from ..decode.state import CycleOutcome
 from ..sampling import split_key
-from .build import build_tree, lattice_logprobs, sample_spine
+from .build import V1_TOP_K, build_tree, lattice_logprobs, sample_spine
 from .verify import accept_tree, branch_blocker, commit, tree_forward, tree_views
+
+
+def max_tree_rows(drafter) -> int:
+    """The most rows a tree from `drafter`'s lattice can hold: the anchor and one
+    node per candidate the lattice has, 1 + (block_size - 1) × top-K."""
+    K = drafter.config.selector_top_k if drafter.is_dflash2 else min(V1_TOP_K, drafter.config.vocab_size - 1)
+    return 1 + (drafter.config.block_size - 1) * K
+
+
+def check_tree_rows(pair, rows: int, name: str = "tree rows") -> None:
+    """Raise DFlashError (naming `name`) unless `rows` is 0 (the chain) or a
+    tree the pair's drafter can fill; with no drafter there is no tree."""
+    if rows == 0 or pair.drafter is None:
+        return
+    if rows < 2:
+        raise DFlashError(f"{name} {rows}: use 0 for the chain or at least 2 (the anchor and one draft)")
+    most = max_tree_rows(pair.drafter)
+    if rows > most:
+        c = pair.drafter.config
+        raise DFlashError(f"{name} {rows:,}: this drafter's lattice holds {c.block_size - 1} positions × "
+                          f"{(most - 1) // (c.block_size - 1)} candidates, so a tree has at most {most} rows "
+                          f"(the anchor and one per candidate): ask for {most} or fewer (8 or 16 is usual)")
 
 
 def tree_rows_for(pair, rows: int) -> int:
     """The tree rows to verify with: `rows`, or 0 (the chain) with one warning
     line when the target cannot branch in one pass."""
+    check_tree_rows(pair, rows)
     if rows == 0:
         return 0
-    if rows < 2:
-        raise DFlashError(f"tree rows {rows}: use 0 for the chain or at least 2 (the anchor and one draft)")
     why = branch_blocker(pair.target.make_cache())
     if why is not None:
         warnings.warn(f"tree verification off: target '{pair.target.model_type}' {why}; "

@@ -63,17 +63,8 @@ def decode_costs(pair, tokenizer, folder=None, recalibrate: bool = False) -> Sec
     from ..suites import SUITES
 
     cal = load_or_calibrate(pair, folder, build_prompt(tokenizer, SUITES["code"][0]), recalibrate)
-    costs, plain = cal.costs, cal.costs.plain
     where = f"cached in {cal.path}" if cal.cached else (f"measured now, saved to {cal.path}" if cal.path else "measured now")
-    findings = [Finding("plain step", "info", f"{1e3 * plain:.2f} ms per token ({where})")]
-    for B in sorted(costs.cycles or costs.verify):
-        cycle = costs.cycle(B)
-        findings.append(Finding(
-            f"block {B}", "info",
-            f"cycle {1e3 * cycle:.2f} ms = {cycle / plain:.2f} plain steps (target pass over {B} rows "
-            f"{1e3 * costs.verify[B]:.2f} ms, drafter + selector {1e3 * costs.draft[B]:.2f} ms): drafting pays "
-            f"when a cycle commits more than {cycle / plain:.2f} tokens" + ("" if cycle / plain < B else
-                                                                             ", which a block of this size never can")))
+    findings = cost_findings(cal.costs, where)
     policy = cal.policy(pair.max_block_size)
     B = policy.best_block(pair.max_block_size)
     seed = ", ".join(f"{a:.2f}" for a in cal.acceptance) or "none seen"
@@ -85,3 +76,30 @@ def decode_costs(pair, tokenizer, folder=None, recalibrate: bool = False) -> Sec
     findings.append(Finding("auto", "info", f"acceptance by position on the calibration prompt ({seed}): {verdict}"))
     return Section("Decode costs (--block-size auto)", tuple(findings),
                    {**cal.to_dict(), "path": str(cal.path) if cal.path else None, "cached": cal.cached})
+
+
+def cost_findings(costs, where: str = "measured now") -> list:
+    """The plain step, a note on what the columns are, and per block size the
+    cycle cost auto decides with (`costs.cycle`) beside the parts of it that
+    were timed apart. The parts need not add up to the cycle: each was timed
+    alone with its own host sync, while a cycle overlaps them, and the cycle
+    column is a fit that never falls as B grows."""
+    plain = costs.plain
+    findings = [Finding("plain step", "info", f"{1e3 * plain:.2f} ms per token ({where})")]
+    if costs.cycles:
+        how = ("cycle = what auto decides with: a whole cycle as the decode loop runs it, measured whole and "
+               "fitted so it never falls as the block grows. verify and draft are measured apart, each with its "
+               "own host sync; inside a cycle they overlap, so they need not add up to it")
+    else:
+        how = ("cycle = what auto decides with: this calibration has no whole-cycle timing, so it is verify + draft, "
+               "measured apart with a host sync each (--recalibrate measures whole cycles)")
+    findings.append(Finding("how to read", "info", how))
+    for B in sorted(costs.cycles or costs.verify):
+        cycle = costs.cycle(B)
+        never = "" if cycle / plain < B else ", which a block of this size never can"
+        findings.append(Finding(
+            f"block {B}", "info",
+            f"cycle {1e3 * cycle:.2f} ms = {cycle / plain:.2f} plain steps: drafting pays when a cycle commits more "
+            f"than {cycle / plain:.2f} tokens{never} · measured apart: verify (target pass over {B} rows) "
+            f"{1e3 * costs.verify[B]:.2f} ms, draft (drafter + selector) {1e3 * costs.draft[B]:.2f} ms"))
+    return findings

@@ -1,0 +1,43 @@
+"""SIGTERM ends a command the way Ctrl-C does, with its own line and status.
+
+Standard library only: `entry` installs the handler before the heavy imports,
+so a supervisor's SIGTERM during start-up is one line too. The handler raises
+`Terminated` on the main thread wherever it is; like a KeyboardInterrupt it
+unwinds through the atomic writes (files.py, train/export.py clean up on any
+BaseException) and through `stdio.interrupts_deferred` (which holds it until a
+write is whole), and the error boundary turns it into `error: terminated` and
+status 143. It is not a KeyboardInterrupt, so nothing that treats Ctrl-C as
+"stop this answer" (chat) carries on after it.
+
+`dflash2 serve` replaces the handler once it serves: there SIGTERM is the
+ordinary stop (drain, then exit 0); during its start-up it is this one.
+"""
+
+import signal
+import sys
+import threading
+
+TERMINATED = 143  # what shells report for a process ended by SIGTERM (128 + 15)
+
+
+class Terminated(BaseException):
+    """The process got SIGTERM; it unwinds like Ctrl-C and exits 143."""
+
+
+def _terminate(signum, frame):
+    # The first SIGTERM decides; more while the clean-up runs change nothing
+    # (a supervisor that insists sends SIGKILL).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated()
+
+
+def install() -> None:
+    """SIGTERM raises `Terminated` from now on (main thread only: signals are
+    handled there)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
+
+
+def report_terminated() -> int:
+    print("error: terminated", file=sys.stderr, flush=True)
+    return TERMINATED
