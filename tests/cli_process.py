@@ -121,8 +121,15 @@ def str_or_bytes(a):
 def catching_sigint(proc, extra: float = 0.0) -> bytes:
     """Wait until the interpreter has installed its SIGINT handler (before that a
     Ctrl-C kills any program, Python or not), then `extra` seconds more."""
+    return catching(proc, signal.SIGINT, extra, 0.3)
+
+
+def catching(proc, sig: int, extra: float = 0.0, without_proc: float = 0.3) -> bytes:
+    """Wait until `proc` has installed a handler for `sig` (before that the
+    signal kills it), then `extra` seconds more; without /proc, sleep
+    `without_proc` seconds instead of looking."""
     if not sys.platform.startswith("linux"):  # no /proc: the interpreter starts within this
-        time.sleep(0.3 + extra)
+        time.sleep(without_proc + extra)
         return b""
     status = Path(f"/proc/{proc.pid}/status")
     deadline = time.monotonic() + 30
@@ -131,7 +138,7 @@ def catching_sigint(proc, extra: float = 0.0) -> bytes:
             caught = next(line for line in status.read_text().splitlines() if line.startswith("SigCgt:"))
         except (OSError, StopIteration):
             caught = "SigCgt: 0"
-        if int(caught.split()[1], 16) & (1 << (signal.SIGINT - 1)):
+        if int(caught.split()[1], 16) & (1 << (sig - 1)):
             break
         time.sleep(0.005)
     time.sleep(extra)

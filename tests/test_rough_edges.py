@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cli_process import Sandbox, first_output
+from cli_process import Sandbox, catching, first_output
 from serve_helpers import Server
 
 TERMINATED = 143
@@ -32,9 +32,7 @@ TERMINATED = 143
 def catching_sigterm(proc, extra: float = 0.0) -> bytes:
     """Wait until the command has installed its SIGTERM handler (before that the
     signal kills any program), then `extra` seconds more."""
-    if not sys.platform.startswith("linux"):
-        time.sleep(0.5 + extra)
-        return b""
+    return catching(proc, signal.SIGTERM, extra, 0.5)
     status = Path(f"/proc/{proc.pid}/status")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and proc.poll() is None:
