@@ -1,7 +1,6 @@
 """`dflash2 analyze`: the seed's recall, τ and latency tables for our drafters."""
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -69,9 +68,11 @@ def analyze(
     heldout = heldout_sequences([str(p) for p in data], tokenizer, seq_len, heldout_fraction)
     result = run_analysis(pairs, heldout, prompt_len=prompt_len, n_prompts=prompts,
                           max_tokens=max_tokens, block_size=block, tree_rows=tree)
-    from dflash2_mlx.tools.provenance import command_line, provenance
+    from dflash2_mlx.tools.provenance import provenance
 
-    command = command_line("dflash2", sys.argv[1:])
+    from .main import command_typed  # imported by now: it runs this command
+
+    command = command_typed()
     result.update(provenance(command))
     atomic_write_text(out / "analysis.json", json.dumps(result, indent=2) + "\n")
     atomic_write_text(out / "analysis.md", markdown(result, command))

@@ -1,7 +1,6 @@
 """`dflash2 bench`: prompt suites × decoding modes × block sizes, with a verdict."""
 
 import json
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -73,7 +72,9 @@ def bench(
     from dflash2_mlx.text.prompt import build_prompt
     from dflash2_mlx.text.stats import mode_name
     from dflash2_mlx.tools.bench import markdown, run_bench
-    from dflash2_mlx.tools.provenance import command_line, provenance
+    from dflash2_mlx.tools.provenance import provenance
+
+    from .main import command_typed  # imported by now: it runs this command
 
     ui.progress_note("loading models…")
     first, tokenizer = load_pair(model, drafter, draft_quant)
@@ -107,7 +108,7 @@ def bench(
                            repeats=repeats, max_tokens=max_tokens, sampling=sampling, on_run=progress.update)
     record["models"] = {"target": model, "drafter": drafter, "dflash_drafter": dflash_drafter,
                         "draft_model": draft_model, "draft_quant": draft_quant}
-    record.update(provenance(command_line("dflash2", sys.argv[1:])))
+    record.update(provenance(command_typed()))
     # The results are printed even when a file cannot be written at the end
     # (disk full): the error line comes after them.
     failed = [e for e in (_write(json_file, json.dumps(record, indent=2) + "\n"), _write(markdown_file, markdown(record)))

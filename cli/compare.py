@@ -1,7 +1,6 @@
 """`dflash2 compare`: plain decoding and DFlash 2 on the same prompt, honestly."""
 
 import json
-import sys
 
 from dflash2_mlx.errors import DFlashError
 from dflash2_mlx.files import atomic_write_text, check_writable
@@ -67,7 +66,9 @@ def compare(
     from dflash2_mlx.text.prompt import build_prompt
     from dflash2_mlx.text.stats import mode_name
     from dflash2_mlx.tools.compare import compare as run_compare
-    from dflash2_mlx.tools.provenance import command_line, provenance
+    from dflash2_mlx.tools.provenance import provenance
+
+    from .main import command_typed  # imported by now: it runs this command
 
     pair, tokenizer = load_pair(model, drafter, draft_quant)
     ids = build_prompt(tokenizer, text, system_prompt, not ignore_chat_template, template_kwargs)
@@ -89,7 +90,7 @@ def compare(
                          tree_rows=tree)
     record = result.to_dict()
     record["prompt"] = text
-    record.update(provenance(command_line("dflash2", sys.argv[1:])))
+    record.update(provenance(command_typed()))
     failed = None  # a --save that fails at the end (disk full) still shows the results first
     if save is not None:
         try:

@@ -9,7 +9,7 @@ import typer
 from dflash2_mlx.errors import DFlashError
 
 from .stdio import INTERRUPTED, report_interrupted
-from .terminate import Terminated, report_terminated
+from .terminate import Terminated, report_terminated, requested
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None):
@@ -39,22 +39,27 @@ def run_guarded(app, argv=None) -> int:
         return report_interrupted()
     except Terminated:  # SIGTERM (terminate.py): unwound like Ctrl-C
         return report_terminated()
-    except DFlashError as e:
-        if debug:
-            traceback.print_exc()
-        _fail(str(e))
-        return 1
-    except Exception as e:  # a bug: still one line unless --debug
-        if debug:
-            traceback.print_exc()
-        first = str(e).splitlines()[0] if str(e) else ""
-        _fail(f"internal error: {type(e).__name__}: {first} (rerun with --debug for the traceback)")
-        return 1
+    except Exception as e:
+        if requested():  # the unwinding of a SIGTERM, whatever exception it became
+            return report_terminated()
+        return _report_failure(e, debug)
     # Typer turns a KeyboardInterrupt that escapes a command into Exit(130) and,
     # outside standalone mode, *returns* that code; no command exits 130 itself.
     if code == INTERRUPTED:
         return report_interrupted()
     return code if isinstance(code, int) and not isinstance(code, bool) else 0
+
+
+def _report_failure(e: Exception, debug: bool) -> int:
+    if debug:
+        traceback.print_exc()
+    if isinstance(e, DFlashError):
+        _fail(str(e))
+        return 1
+    # A bug: still one line unless --debug.
+    first = str(e).splitlines()[0] if str(e) else ""
+    _fail(f"internal error: {type(e).__name__}: {first} (rerun with --debug for the traceback)")
+    return 1
 
 
 # Set in a distributed rank ("[rank 1] "), so the parent can tell whose line it is.

@@ -64,7 +64,18 @@ def _command_in(argv) -> str | None:
     return first if first in COMMANDS else None
 
 
+_typed: list[str] = []
+
+
+def command_typed() -> str:
+    """The command line as the user typed it, for a result file's provenance."""
+    from dflash2_mlx.tools.provenance import command_line
+
+    return command_line("dflash2", _typed)
+
+
 def main(argv=None) -> None:
+    _typed[:] = sys.argv[1:] if argv is None else [str(a) for a in argv]
     sys.exit(run_guarded(build_app(_command_in(argv)), argv))
 
 

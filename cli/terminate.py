@@ -9,10 +9,18 @@ write is whole), and the error boundary turns it into `error: terminated` and
 status 143. It is not a KeyboardInterrupt, so nothing that treats Ctrl-C as
 "stop this answer" (chat) carries on after it.
 
+While an extension module initialises (mlx's core, numpy's) the exception is
+held back: the initialiser turns any exception raised in it into an
+ImportError, which would end the command as an "internal error" (or, caught by
+an optional import, lose the signal). The handler then asks for the signal
+again a moment later, until that import is done. `requested()` stays true once it arrived, so
+the boundary reports `terminated` whatever exception the unwinding became.
+
 `dflash2 serve` replaces the handler once it serves: there SIGTERM is the
 ordinary stop (drain, then exit 0); during its start-up it is this one.
 """
 
+import os
 import signal
 import sys
 import threading
@@ -24,7 +32,34 @@ class Terminated(BaseException):
     """The process got SIGTERM; it unwinds like Ctrl-C and exits 143."""
 
 
+_requested = False
+REDELIVER_S = 0.02  # how soon a SIGTERM held back during an import is asked for again
+
+
+def requested() -> bool:
+    """A SIGTERM arrived (whatever became of the exception it raised)."""
+    return _requested
+
+
+def _initialising_extension(frame) -> bool:
+    from importlib.machinery import ExtensionFileLoader
+
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib") and \
+                isinstance(frame.f_locals.get("self"), ExtensionFileLoader):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _terminate(signum, frame):
+    global _requested
+    _requested = True
+    if _initialising_extension(frame):
+        timer = threading.Timer(REDELIVER_S, os.kill, (os.getpid(), signal.SIGTERM))
+        timer.daemon = True
+        timer.start()
+        return
     # The first SIGTERM decides; more while the clean-up runs change nothing
     # (a supervisor that insists sends SIGKILL).
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

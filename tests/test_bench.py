@@ -40,7 +40,7 @@ def test_all_modes_and_a_block_size_sweep(cli, ar_draft, tmp_path):
     assert code == 0, err
     record = json.loads(out_json.read_text())
     assert record["kind"] == "dflash2-bench" and record["machine"]["backend"] == "cpu"
-    assert record["command"].startswith("dflash2 ") and "commit" in record  # where the numbers came from
+    assert record["command"].startswith("dflash2 bench --model ") and "commit" in record  # as typed
     assert [(p["suite"], p["index"]) for p in record["prompts"]] == [("code", 0), ("chat", 0), ("maths", 0)]
     configs = {(r["mode"], r["block_size"]) for r in record["runs"]}
     assert configs == {("ar", 1), ("mlx-lm", 1)} | {(m, B) for m in ("dflash", "dflash2", "mlx-lm-spec") for B in (2, 4)}

@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -33,18 +32,6 @@ def catching_sigterm(proc, extra: float = 0.0) -> bytes:
     """Wait until the command has installed its SIGTERM handler (before that the
     signal kills any program), then `extra` seconds more."""
     return catching(proc, signal.SIGTERM, extra, 0.5)
-    status = Path(f"/proc/{proc.pid}/status")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            caught = next(line for line in status.read_text().splitlines() if line.startswith("SigCgt:"))
-        except (OSError, StopIteration):
-            caught = "SigCgt: 0"
-        if int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)):
-            break
-        time.sleep(0.005)
-    time.sleep(extra)
-    return b""
 
 
 @pytest.fixture
@@ -65,8 +52,7 @@ STARTUP = {
     "generate": ["-p", "hi"],
     "chat": [],
     "bench": [],
-    # compare is left out: in one full-suite run (fresh clone, 2026-12-02) a SIGTERM 0.15 s into
-    # its start-up was lost and the command ran to the end (exit 0); not yet understood.
+    "compare": ["-p", "hi"],
     "train": ["--data", "data.jsonl", "--out", "run"],
     "serve": ["--port", "0"],
     "analyze": ["--data", "data.jsonl", "--out", "analysis"],
@@ -81,6 +67,34 @@ def test_sigterm_during_start_up_is_one_line_and_143(box, command):
     assert_terminated(r)
     assert r.out == b""
     assert box.touched() == set()
+
+
+# A SIGTERM that lands while mlx's extension module initialises: raised there, nanobind would
+# turn it into "ImportError: Encountered an error while initializing the extension" (seen in CI
+# as an internal error). The audit hook sends the signal from inside that initialiser, every time.
+SIGTERM_INSIDE_MLX_INIT = """
+import os, signal, sys, time
+from dflash2_mlx.cli import terminate
+terminate.install()
+def hook(event, args):
+    if event == "import" and args[0] == "mlx._reprlib_fix":  # imported by mlx.core's initialiser
+        os.kill(os.getpid(), signal.SIGTERM)
+sys.addaudithook(hook)
+try:
+    import mlx.core
+    time.sleep(10)
+    print("lost")
+except terminate.Terminated:
+    print("terminated after the import" if "mlx.core" in sys.modules else "terminated inside it")
+except ImportError as e:
+    print("ImportError:", e)
+"""
+
+
+def test_sigterm_inside_an_extension_initialiser_waits_for_it():
+    done = subprocess.run([sys.executable, "-c", SIGTERM_INSIDE_MLX_INIT], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.strip() == "terminated after the import", (done.stdout, done.stderr)
 
 
 def test_sigterm_while_generating_json_prints_nothing_or_a_whole_object(box):
