@@ -9,7 +9,7 @@ import typer
 from dflash2_mlx.errors import DFlashError
 
 from .stdio import INTERRUPTED, report_interrupted
-from .terminate import Terminated, report_terminated, requested
+from .terminate import Terminated, arrivals, report_terminated
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None):
@@ -20,6 +20,7 @@ def run_guarded(app, argv=None) -> int:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     if not debug:
         warnings.showwarning = _one_line_warning
+    sigterms = arrivals()
     try:
         code = app(args=argv, standalone_mode=False)
     except typer.Exit as e:
@@ -40,7 +41,7 @@ def run_guarded(app, argv=None) -> int:
     except Terminated:  # SIGTERM (terminate.py): unwound like Ctrl-C
         return report_terminated()
     except Exception as e:
-        if requested():  # the unwinding of a SIGTERM, whatever exception it became
+        if arrivals() > sigterms:  # the unwinding of a SIGTERM, whatever exception it became
             return report_terminated()
         return _report_failure(e, debug)
     # Typer turns a KeyboardInterrupt that escapes a command into Exit(130) and,

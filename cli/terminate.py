@@ -13,8 +13,8 @@ While an extension module initialises (mlx's core, numpy's) the exception is
 held back: the initialiser turns any exception raised in it into an
 ImportError, which would end the command as an "internal error" (or, caught by
 an optional import, lose the signal). The handler then asks for the signal
-again a moment later, until that import is done. `requested()` stays true once it arrived, so
-the boundary reports `terminated` whatever exception the unwinding became.
+again a moment later, until that import is done. `arrivals()` counts the signals, so the
+boundary reports `terminated` whatever exception the unwinding became.
 
 `dflash2 serve` replaces the handler once it serves: there SIGTERM is the
 ordinary stop (drain, then exit 0); during its start-up it is this one.
@@ -32,13 +32,14 @@ class Terminated(BaseException):
     """The process got SIGTERM; it unwinds like Ctrl-C and exits 143."""
 
 
-_requested = False
+_arrivals = 0
 REDELIVER_S = 0.02  # how soon a SIGTERM held back during an import is asked for again
 
 
-def requested() -> bool:
-    """A SIGTERM arrived (whatever became of the exception it raised)."""
-    return _requested
+def arrivals() -> int:
+    """How many SIGTERMs this handler has taken (a count, not a flag, so that
+    a command run in-process can ask "one since I started?")."""
+    return _arrivals
 
 
 def _initialising_extension(frame) -> bool:
@@ -53,8 +54,8 @@ def _initialising_extension(frame) -> bool:
 
 
 def _terminate(signum, frame):
-    global _requested
-    _requested = True
+    global _arrivals
+    _arrivals += 1
     if _initialising_extension(frame):
         timer = threading.Timer(REDELIVER_S, os.kill, (os.getpid(), signal.SIGTERM))
         timer.daemon = True
