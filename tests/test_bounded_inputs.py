@@ -155,21 +155,43 @@ def test_chat_refuses_a_turn_over_the_context_and_goes_on(box, paths):
     assert "the conversation would have" in text and "/reset" in text and "Traceback" not in text
 
 
+SERVED_LIMIT = 256  # the served target's context: the built-in one, with its config saying 256
+
+
+def short_context_builtin(folder: Path) -> Path:
+    """The built-in target with `max_position_embeddings` lowered to SERVED_LIMIT
+    (the weights linked, not copied): the server's default limit must follow the
+    model, and a prompt at its end prefills in a moment instead of 2,047 tokens."""
+    from dflash2_mlx.loading.builtin import resolve_builtin
+
+    source = Path(resolve_builtin("builtin", "target"))
+    folder.mkdir()
+    for f in source.iterdir():
+        if f.name != "config.json":
+            (folder / f.name).symlink_to(f)
+    config = json.loads((source / "config.json").read_text())
+    assert config["max_position_embeddings"] > SERVED_LIMIT
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": SERVED_LIMIT}))
+    return folder
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = Server("--block-size", "4", "--cache-bytes", "0", tmp=tmp_path_factory.mktemp("bounded"))
+    tmp = tmp_path_factory.mktemp("bounded")
+    target = short_context_builtin(tmp / "target")
+    s = Server("--model", str(target), "--drafter", "builtin", "--block-size", "4", "--cache-bytes", "0", tmp=tmp)
     yield s
     code, log = s.stop()
     assert code == 0 and "Traceback" not in log, log
 
 
 def test_server_refuses_a_prompt_over_the_context_with_a_400_in_each_protocol(server):
-    """The default --max-prompt-tokens is the model's context (2,048), not 32,768."""
+    """The default --max-prompt-tokens is the model's context (here 256), not 32,768."""
     messages = [{"role": "user", "content": LONG_TEXT}]
     r = httpx.post(server.url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 4}, timeout=120)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
-    assert error["type"] == "invalid_request_error" and "2,048" in error["message"] and "shorten it" in error["message"]
+    assert error["type"] == "invalid_request_error" and f"{SERVED_LIMIT:,}" in error["message"] and "shorten it" in error["message"]
     # Streamed: refused before the event stream starts.
     r = httpx.post(server.url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 4, "stream": True},
                    timeout=120)
@@ -178,7 +200,7 @@ def test_server_refuses_a_prompt_over_the_context_with_a_400_in_each_protocol(se
     assert r.status_code == 400, r.text
     body = r.json()
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
-    assert "2,048" in body["error"]["message"]
+    assert f"{SERVED_LIMIT:,}" in body["error"]["message"]
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200  # still serving
 
 
@@ -188,11 +210,11 @@ def test_server_answer_stops_at_the_end_of_the_context(server):
     from dflash2_mlx.loading.builtin import resolve_builtin
 
     tokenizer = load_tokenizer(Path(resolve_builtin("builtin", "target")))
-    ids = [t for t in tokenizer.encode(LONG_TEXT) if t not in tokenizer.eos_token_ids][: LIMIT - 1]
+    ids = [t for t in tokenizer.encode(LONG_TEXT) if t not in tokenizer.eos_token_ids][: SERVED_LIMIT - 1]
     r = httpx.post(server.url + "/v1/completions", json={"prompt": ids, "max_tokens": 50}, timeout=120)
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["usage"]["prompt_tokens"] == LIMIT - 1 and body["usage"]["completion_tokens"] == 1
+    assert body["usage"]["prompt_tokens"] == SERVED_LIMIT - 1 and body["usage"]["completion_tokens"] == 1
     assert body["choices"][0]["finish_reason"] in ("length", "stop")
 
 
@@ -364,7 +386,9 @@ def single_file(tmp_path: Path) -> Path:
 
 
 def analyze_args(data: Path, out: Path, *extra) -> list[str]:
-    return ["analyze", "--data", str(data), "--out", str(out), "--dflash2", "builtin", "--prompts", "1",
+    # The tiny qwen3 pair: what is checked is the parsing and the hint, not the built-in's numbers.
+    return ["analyze", "--data", str(data), "--out", str(out), "--model", str(target_folder("qwen3")),
+            "--dflash2", str(drafter_folder("qwen3", "dflash2")), "--prompts", "1",
             "--max-tokens", "8", "--seq-len", "64", "--prompt-len", "16", *extra]
 
 

@@ -21,12 +21,15 @@ def spec(target, drafter, prompt, B, n=N, **kw):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_scripted_drafter_hits_every_acceptance_length(family):
-    """Every family, B = 2..16, three prompt lengths, acceptance lengths 0..B-1."""
+    """Every family: acceptance lengths 0..B-1 for every B = 2..16 after the
+    medium prompt, and for a spread of B after the short and the long one (the
+    rollback does not depend on the prompt's length beyond where the cache
+    starts, so every B at every length repeated the same rollbacks)."""
     target, _, base = load_pair_for(family, "dflash")
     V = target.vocab_size
     for name, prompt in PROMPTS.items():
         reference = ar_tokens(target, prompt, N + 16)
-        for B in range(2, 17):
+        for B in range(2, 17) if name == "medium" else (2, 3, 5, 9, 16):
             n = B * (B + 1) // 2 + 2 * B  # B full cycles: every length once
             if len(reference) < n + B:
                 reference = ar_tokens(target, prompt, n + B)
