@@ -60,10 +60,12 @@ def relaunch(model: str, processes: Optional[int], hostfile: Optional[str], prom
     `serving`: Ctrl-C / SIGTERM here reach the ranks as SIGTERM (rank 0 drains)."""
     from dflash2_mlx.loading.preflight import check_local_target_splits
 
+    from .main import typed_args
+
     if processes is not None and hostfile is not None:
         raise DFlashError("give --processes or --hostfile, not both: the hostfile says how many ranks")
     check_local_target_splits(model, hostfile_ranks(hostfile) if hostfile else processes)
-    argv = without_flags(sys.argv[1:], ("--processes", "--hostfile"))
+    argv = without_flags(typed_args(), ("--processes", "--hostfile"))
     if prompt is not None:
         argv = without_flags(argv, ("--prompt", "-p")) + [f"--prompt={prompt}"]
     run_distributed(argv, processes, hostfile, relay_stdin, serving)

@@ -67,6 +67,11 @@ def _command_in(argv) -> str | None:
 _typed: list[str] = []
 
 
+def typed_args() -> list[str]:
+    """The arguments this command was run with (main's argv, else sys.argv's)."""
+    return list(_typed)
+
+
 def command_typed() -> str:
     """The command line as the user typed it, for a result file's provenance."""
     from dflash2_mlx.tools.provenance import command_line
