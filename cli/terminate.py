@@ -13,8 +13,9 @@ While an extension module initialises (mlx's core, numpy's) the exception is
 held back: the initialiser turns any exception raised in it into an
 ImportError, which would end the command as an "internal error" (or, caught by
 an optional import, lose the signal). The handler then asks for the signal
-again a moment later, until that import is done. `arrivals()` counts the signals, so the
-boundary reports `terminated` whatever exception the unwinding became.
+again a moment later, until that import is done. `arrivals()` counts the
+signals, so the boundary reports `terminated` whatever exception the unwinding
+became.
 
 `dflash2 serve` replaces the handler once it serves: there SIGTERM is the
 ordinary stop (drain, then exit 0); during its start-up it is this one.
