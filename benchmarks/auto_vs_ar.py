@@ -13,10 +13,19 @@ is mlx-lm's `generation_tps` of each run; the JSON keeps every run, the
 median per arm and prompt, and auto / ar per prompt (never a median over
 prompts). Outputs are checked token-identical to `--ar`. Run it on a quiet
 machine: nothing else may run while it times.
+
+A virtual machine's host may take CPU time away from it while it runs
+("steal", /proc/stat): on this project's machines it has been a third of
+the time, varying from second to second, which moves a 200-token run by
+±15 %. So every run also records the steal seconds it saw and its decode
+tokens per second of this process's CPU time (which stolen time does not
+advance), and each repeat's auto / ar ratio against the `--ar` run next to
+it; the per-arm medians stay the headline numbers.
 """
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -58,23 +67,39 @@ def calibrate(pair, folder: Path, ids, busy: int):
     return cal
 
 
+def steal_seconds() -> float:
+    """CPU time the host took from this machine so far (0 where /proc/stat has no steal column)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def run(pair, tokenizer, prompt, arm, calibration, max_tokens):
     block = "auto" if arm != "ar" else None
     use = pair if arm != "ar" else pair.without_drafter()
-    out = list(stream_generate(use, tokenizer, tokenizer.encode(prompt), max_tokens=max_tokens, block_size=block,
-                               calibration=calibration, sampling=SamplingParams()))
+    out, cpu, steal = [], None, None
+    for r in stream_generate(use, tokenizer, tokenizer.encode(prompt), max_tokens=max_tokens, block_size=block,
+                             calibration=calibration, sampling=SamplingParams()):
+        out.append(r)
+        if cpu is None:  # from the first token on, as generation_tps counts
+            cpu, steal = time.process_time(), steal_seconds()
+    cpu, steal = time.process_time() - cpu, steal_seconds() - steal
     s = out[-1].stats
     if len(out) < MIN_TOKENS:
         raise SystemExit(f"error: {prompt!r} ({arm}) stopped after {len(out)} tokens: pick a prompt that decodes "
                          f"at least {MIN_TOKENS}")
-    return [r.token for r in out], {"generation_tps": s.generation_tps, "block_sizes": s.block_sizes,
+    return [r.token for r in out], {"generation_tps": s.generation_tps,
+                                    "cpu_tps": (len(out) - 1) / cpu if cpu > 0 else 0.0,
+                                    "steal_s": round(steal, 3), "block_sizes": s.block_sizes,
                                     "fallback": s.fallback}
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-tokens", type=int, default=200)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--busy", type=int, default=2, help="busy processes while the stale calibration is measured")
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -100,16 +125,28 @@ def main(argv=None):
                     stats["rescaled"] = None if cal is None else cal.rescaled
                     runs[arm].append((tokens, stats))
             med = {arm: statistics.median(s["generation_tps"] for _, s in rs) for arm, rs in runs.items()}
+            cpu = {arm: statistics.median(s["cpu_tps"] for _, s in rs) for arm, rs in runs.items()}
+            paired = {arm: statistics.median(s["generation_tps"] / a["generation_tps"]
+                                             for (_, s), (_, a) in zip(runs[arm], runs["ar"]))
+                      for arm in ("auto_fresh", "auto_stale")}
             results[prompt] = {
                 "decode_tps_median": med,
                 "auto_fresh_vs_ar": med["auto_fresh"] / med["ar"],
                 "auto_stale_vs_ar": med["auto_stale"] / med["ar"],
+                "median_of_paired_ratios": paired,
+                "cpu_time_tps_median": cpu,
+                "cpu_time_auto_fresh_vs_ar": cpu["auto_fresh"] / cpu["ar"],
+                "cpu_time_auto_stale_vs_ar": cpu["auto_stale"] / cpu["ar"],
+                "steal_s_total": round(sum(s["steal_s"] for rs in runs.values() for _, s in rs), 2),
                 "identical_to_ar": all(t == reference for rs in runs.values() for t, _ in rs),
                 "runs": {arm: [s for _, s in rs] for arm, rs in runs.items()},
             }
             print(f"{prompt[:30]!r}: ar {med['ar']:.1f}, auto fresh {med['auto_fresh']:.1f} "
                   f"({results[prompt]['auto_fresh_vs_ar']:.2f}x), stale {med['auto_stale']:.1f} "
-                  f"({results[prompt]['auto_stale_vs_ar']:.2f}x)", flush=True)
+                  f"({results[prompt]['auto_stale_vs_ar']:.2f}x); CPU-time "
+                  f"{results[prompt]['cpu_time_auto_fresh_vs_ar']:.2f}x / "
+                  f"{results[prompt]['cpu_time_auto_stale_vs_ar']:.2f}x; steal "
+                  f"{results[prompt]['steal_s_total']:.1f} s", flush=True)
     record = {
         **provenance(command_line("python benchmarks/auto_vs_ar.py", sys.argv[1:] if argv is None else argv)),
         "backend": backend_name(), "machine": platform.machine(), "max_tokens": args.max_tokens,

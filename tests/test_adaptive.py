@@ -129,6 +129,18 @@ def test_compute_bound_machine_falls_back_with_a_reason():
     assert 2000 / seconds >= 0.95 / costs.plain
 
 
+def test_probes_back_off_while_they_lose_even_when_they_beat_their_expectation():
+    # This CPU's fresh calibration of the built-in pair: a 2-row cycle costs 2.7 plain steps, so
+    # even an accepted draft (2 tokens) loses to plain decoding; acceptance 0.8 means most probes
+    # beat the estimate's mean. They must still back off, not return at the base wait (that
+    # rule probed 62 times here).
+    costs = CostTable(1.0, {2: 2.0, 16: 12.0}, {2: 0.7, 16: 3.0})
+    policy = BlockPolicy(costs, 16, AcceptanceEstimate(15, seed=[0.8] * 15))
+    seconds, blocks = simulate(policy, costs, [0.8] * 15, 4000, seed=5)
+    assert 1 <= policy.report.probes <= 8  # the wait doubles after each
+    assert 4000 / seconds >= 0.99 / costs.plain
+
+
 def test_never_probes_when_full_acceptance_cannot_win():
     costs = CostTable(1.0, {2: 2.5, 16: 20.0}, {2: 0.5, 16: 1.0})
     policy = BlockPolicy(costs, 16)

@@ -97,8 +97,10 @@ class AcceptanceEstimate:
         self.reached = [prior_weight] * positions
         self.hit = [r * prior_weight for r in rates]
         self.decay = decay
+        self._expected: Optional[list[float]] = None  # expected_tokens by B, until the next observe
 
     def observe(self, drafted: int, accepted: int) -> None:
+        self._expected = None
         self.reached = [r * self.decay for r in self.reached]
         self.hit = [h * self.decay for h in self.hit]
         for t in range(min(accepted + 1, drafted, len(self.reached))):
@@ -112,11 +114,15 @@ class AcceptanceEstimate:
 
     def expected_tokens(self, B: int) -> float:
         """Mean tokens a B-row cycle commits (accepted drafts + the bonus)."""
-        total, run = 1.0, 1.0
-        for alpha in self.rates[: B - 1]:
-            run *= alpha
-            total += run
-        return total
+        if self._expected is None:
+            # Every B at once: the policy asks for each B at every plain step.
+            totals, total, run = [1.0, 1.0], 1.0, 1.0
+            for alpha in self.rates:
+                run *= alpha
+                total += run
+                totals.append(total)
+            self._expected = totals
+        return self._expected[max(min(B, len(self._expected) - 1), 1)]
 
 
 @dataclass
@@ -196,6 +202,8 @@ class BlockPolicy:
         if max_block < 2:
             raise ValueError(f"max_block {max_block} must be at least 2")
         self.costs, self.max_block = costs, max_block
+        # Interpolated once: `choose` rates every block size before each step.
+        self._cycle = {B: costs.cycle(B) for B in range(2, max_block + 1)}
         self.acceptance = acceptance or AcceptanceEstimate(max_block - 1)
         self.margin, self.probe_budget, self.max_probe_interval = margin, probe_budget, max_probe_interval
         self.report = PolicyReport()
@@ -213,7 +221,7 @@ class BlockPolicy:
         return self.costs.plain * self.scale["plain"]
 
     def cycle_cost(self, B: int) -> float:
-        return self.costs.cycle(B) * self.scale["spec"]
+        return self._cycle[B] * self.scale["spec"]
 
     def rate(self, B: int) -> float:
         """Expected committed tokens per second at block size B (1: plain)."""
@@ -266,7 +274,9 @@ class BlockPolicy:
         self._tick(decision.block)
 
     def observe(self, drafted: int, accepted: int) -> None:
-        expected = self.acceptance.expected_tokens(drafted + 1)
+        # What this cycle itself committed per second, against plain decoding (before the
+        # acceptance estimate moves): a probe that beat it is worth following up soon.
+        beat_plain = (accepted + 1) / self.cycle_cost(min(drafted + 1, self.max_block)) > self.rate(1)
         self.acceptance.observe(drafted, accepted)
         self.tokens += accepted + 1
         if self.mode is Mode.DRAFTING:
@@ -277,9 +287,10 @@ class BlockPolicy:
         if self._pays_by_margin(self.max_block):
             self.mode, self._losing_probes = Mode.DRAFTING, 0  # drafting pays again
         else:
-            # Back off while probes confirm the estimate; one that did better
-            # than expected is followed up at the base interval.
-            self._losing_probes = 0 if accepted + 1 > expected else self._losing_probes + 1
+            # Back off while probes lose; one that itself beat plain decoding is
+            # followed up at the base interval. (Not "better than expected": at a
+            # small block half the probes beat the mean, so the backoff never grew.)
+            self._losing_probes = 0 if beat_plain else self._losing_probes + 1
             self.mode, self.plain_left = self._next_probe(B)
 
     # -- internals --------------------------------------------------------------------
