@@ -6,8 +6,10 @@ from typing import Callable, Optional
 import mlx.core as mx
 
 from ..drafter.propose import propose
+from ..grammar import GrammarState, masked
 from ..pair import Pair
 from ..sampling import SamplingParams
+from .constrained import grammar_propose
 from .profile import CycleProfiler
 from .state import CycleOutcome, DecodeCache, LastVerify
 from .verify import accept_greedy, accept_sampled
@@ -15,11 +17,13 @@ from .verify import accept_greedy, accept_sampled
 
 def chain_cycle(pair: Pair, cache: DecodeCache, anchor: int, pending: Optional[mx.array], *, block: int,
                 sampling: SamplingParams, transform: Callable, keys: tuple, left: int,
-                profiler: CycleProfiler) -> CycleOutcome:
+                profiler: CycleProfiler, grammar: Optional[GrammarState] = None) -> CycleOutcome:
     """Draft `block - 1` tokens after `anchor`, verify them, commit at most `left`.
 
     `pending`: features of committed rows the drafter has not seen (it takes
     them into its cache now); `keys`: (draft, accept) PRNG keys, None when greedy.
+    `grammar`: drafts only what it allows (maybe fewer), and every verified row
+    is masked by it (constrained.py).
     """
     target, drafter = pair.target, pair.drafter
     k_draft, k_accept = keys
@@ -27,17 +31,23 @@ def chain_cycle(pair: Pair, cache: DecodeCache, anchor: int, pending: Optional[m
     ids = mx.array([[anchor] + [pair.mask_token_id] * (block - 1)], dtype=mx.int32)
     hidden, draft_logits = drafter.draft(ids, pending, cache.drafter, target)
     profiler.lap("draft", draft_logits)
-    prop = propose(drafter, draft_logits, hidden, anchor, sampling, transform, k_draft, pair.selector_transform)
-    # Start the drafter now and build the verify graph while it runs.
-    mx.async_eval(prop.draft)
+    masks = None
+    if grammar is None:
+        prop = propose(drafter, draft_logits, hidden, anchor, sampling, transform, k_draft, pair.selector_transform)
+        # Start the drafter now and build the verify graph while it runs.
+        mx.async_eval(prop.draft)
+    else:  # the walk runs on the host, beside the grammar
+        prop, masks = grammar_propose(drafter, draft_logits, hidden, anchor, sampling, transform, k_draft,
+                                      pair.selector_transform, grammar)
     profiler.lap("select", prop.draft)
     verify_in = mx.concatenate([mx.array([anchor], dtype=mx.int32), prop.draft])[None]
     logits, features, undo = target.forward_undoable(verify_in, cache.target, pair.layer_ids)
     profiler.lap("verify", logits, features)
+    rows = logits[0] if masks is None else masked(logits[0], masks)
     if sampling.greedy:
-        a, bonus = accept_greedy(prop.draft, logits[0])
+        a, bonus = accept_greedy(prop.draft, rows)
     else:
-        a, bonus = accept_sampled(prop.draft, prop.q_full, logits[0], transform, k_accept)
+        a, bonus = accept_sampled(prop.draft, prop.q_full, rows, transform, k_accept)
     out = profiler.fetch(mx.concatenate([prop.draft, bonus[None], a[None]]))  # the cycle's one sync
     a, bonus = out[-1], out[-2]
     tokens = tuple(out[:a]) + (bonus,)
@@ -45,5 +55,6 @@ def chain_cycle(pair: Pair, cache: DecodeCache, anchor: int, pending: Optional[m
     if len(tokens) > left:  # the last block verified one draft past the limit
         tokens, keep = tokens[:left], left
     target.rollback(cache.target, undo, keep)
-    return CycleOutcome(tokens, accepted=a, drafted=block - 1, verify_rows=block,
+    drafted = prop.draft.size
+    return CycleOutcome(tokens, accepted=a, drafted=drafted, verify_rows=drafted + 1,
                         features=features[:, :keep], undo=LastVerify.after_rollback(target, undo, keep))

@@ -12,6 +12,7 @@ from typing import Callable, Generator, Optional
 import mlx.core as mx
 
 from ...errors import DFlashError
+from ..grammar import GrammarState, masked
 from ..pair import Pair
 from ..sampling import SamplingParams, make_key, make_logprobs_transform, split_key, token_sampler
 from ..tree.cycle import tree_cycle, tree_rows_for
@@ -37,6 +38,7 @@ def generate_step(
     tree_rows: int = 0,
     policy=None,
     prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
+    grammar: Optional[GrammarState] = None,
 ) -> Generator[DecodeStep, None, None]:
     """Lossless decoding of `pair`; yields one step per target pass.
 
@@ -49,6 +51,10 @@ def generate_step(
     when given, already holds earlier context; `prompt` then starts with the
     cache's last committed token (committed, never run) then the new tokens.
     `prompt_progress_callback(done, total)`: mlx-lm's, called through the prefill.
+    `grammar`, a fresh `GrammarState`: every token comes from the target's
+    distribution masked by it, exactly as constrained plain decoding (plain
+    steps are then launched only once the token before is known, since its
+    mask depends on it); decoding ends when the grammar is complete.
     """
     drafter = pair.drafter
     block = pair.block_size(block_size)
@@ -58,6 +64,11 @@ def generate_step(
     transform = make_logprobs_transform(sampling)
     sample = token_sampler(sampling, transform)
     tree_rows = tree_rows_for(pair, tree_rows) if drafter is not None else 0
+    if grammar is not None and tree_rows:
+        raise DFlashError("structured output cannot verify trees yet: drop --tree (the chain drafts under the grammar)")
+    if grammar is not None:
+        unmasked = sample
+        sample = lambda logits, key: unmasked(masked(logits, grammar.allowed()), key)  # noqa: E731
     if policy is None or tree_rows:  # the cost model is the chain's: a tree drafts the fixed block
         policy = FixedBlock(block)
     key, sub = split_key(make_key(sampling))
@@ -71,7 +82,7 @@ def generate_step(
                 # next step can be launched first.
                 choice = _decide(policy, left - 1)
                 ahead = None
-                if choice is not None and choice.block == 1:
+                if choice is not None and choice.block == 1 and grammar is None:
                     key, sub = split_key(key)
                     ahead = PlainStep.launch(pair, cache, plain.token, sample, sub)
                 outcome, plain = plain.finish(profiler), ahead
@@ -81,16 +92,21 @@ def generate_step(
                 if tree_rows:
                     outcome = tree_cycle(pair, cache, anchor, pending.take(), rows=tree_rows, key=k_accept, **cycle)
                 else:
-                    outcome = chain_cycle(pair, cache, anchor, pending.take(), keys=(k_draft, k_accept), **cycle)
+                    outcome = chain_cycle(pair, cache, anchor, pending.take(), keys=(k_draft, k_accept),
+                                          grammar=grammar, **cycle)
                 choice = None
             left = _commit(outcome, cache, pending, policy, drafter, left)
+            if grammar is not None:
+                grammar.advance(outcome.tokens)
             yield outcome.step()
             anchor = outcome.tokens[-1]
-            if plain is None and choice is None:
+            if grammar is not None and grammar.done:
+                choice = None  # complete: nothing more may follow
+            elif plain is None and choice is None:
                 choice = _decide(policy, left)
-                if choice is not None and choice.block == 1:
-                    key, sub = split_key(key)
-                    plain = PlainStep.launch(pair, cache, mx.array([anchor], dtype=mx.int32), sample, sub)
+            if plain is None and choice is not None and choice.block == 1:
+                key, sub = split_key(key)
+                plain = PlainStep.launch(pair, cache, mx.array([anchor], dtype=mx.int32), sample, sub)
             if plain is None and choice is None:
                 return
     finally:

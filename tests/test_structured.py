@@ -1,0 +1,229 @@
+"""Structured output inside speculation (docs/structured.md).
+
+The reference is mlx-lm's own plain decoding (`mlx_lm.generate.generate_step`)
+with a logits processor that masks every row by an llguidance matcher, written
+here from llguidance's numpy helpers alone: greedy DFlash / DFlash 2 under a
+grammar must give its tokens exactly. Sampled, the first constrained token of a
+cycle must follow the masked target distribution (chi-square), and a wrong
+rule (the residual taken from the unmasked target) must fail the same test.
+Outputs are validated by the `jsonschema` library.
+"""
+
+import json
+
+import jsonschema
+import llguidance
+import llguidance.hf
+import llguidance.numpy as llg_np
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.generate import generate_step as mlx_lm_generate_step
+from scipy.stats import chisquare
+
+from dflash2_mlx import load_pair
+from dflash2_mlx.engine.decode.constrained import grammar_propose
+from dflash2_mlx.engine.decode.loop import generate_step
+from dflash2_mlx.engine.decode.verify import _leading_run, accept_sampled
+from dflash2_mlx.engine.grammar import JSON_LAYOUT, Grammar, GrammarState, masked
+from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.sampling import SamplingParams, make_logprobs_transform
+from dflash2_mlx.errors import DFlashError
+
+from helpers import load_pair_for
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 150},
+                                           "tags": {"type": "array", "items": {"enum": ["a", "b", "cc"]},
+                                                    "maxItems": 3}},
+          "required": ["name", "age", "tags"], "additionalProperties": False}
+CALL = {"type": "object", "properties": {"path": {"type": "string", "pattern": "^[a-z/]{1,16}$"},
+                                         "recursive": {"type": "boolean"}},
+        "required": ["path", "recursive"], "additionalProperties": False}
+PROMPTS = ["config = ", "def load(path):\n    return ", "# the answer as JSON\n"]
+
+
+@pytest.fixture(scope="module")
+def builtin():
+    return load_pair("builtin", "builtin")
+
+
+def reference_tokens(target, tokenizer, prompt_ids, grammar_text, n, vocab):
+    """Constrained plain decoding by mlx-lm: greedy, every row masked by a fresh matcher."""
+    lltok = llguidance.hf.from_tokenizer(tokenizer._tokenizer, n_vocab=vocab,
+                                         eos_token=sorted(tokenizer.eos_token_ids))
+    matcher = llguidance.LLMatcher(lltok, grammar_text, log_level=0)
+    bitmask = llg_np.allocate_token_bitmask(1, vocab)
+    seen = [len(prompt_ids)]
+
+    def constrain(tokens, logits):
+        for t in np.array(tokens)[seen[0]:].tolist():
+            if not matcher.is_stopped():
+                assert matcher.consume_token(t)
+        seen[0] = len(tokens)
+        llg_np.fill_next_token_bitmask(matcher, bitmask)
+        row = np.array(logits.astype(mx.float32))
+        llg_np.apply_token_bitmask_inplace(row, bitmask)
+        return mx.array(row)
+
+    out = []
+    for token, _ in mlx_lm_generate_step(mx.array(prompt_ids), target.model, max_tokens=n,
+                                         sampler=lambda x: mx.argmax(x, axis=-1), logits_processors=[constrain]):
+        out.append(int(token))
+        if int(token) in tokenizer.eos_token_ids:
+            break
+    return out
+
+
+def ours(pair, tokenizer, prompt_ids, grammar, n, **kw):
+    state = GrammarState(grammar, tokenizer, pair.target.vocab_size)
+    return [t for s in generate_step(mx.array(prompt_ids), pair, max_tokens=n, grammar=state, **kw) for t in s.tokens]
+
+
+@pytest.mark.parametrize("schema", [PERSON, CALL], ids=["person", "call"])
+def test_greedy_speculation_equals_constrained_plain_decoding_builtin(builtin, schema):
+    pair, tokenizer = builtin
+    grammar = Grammar.json_schema(schema)
+    text = grammar.compiled()
+    for prompt in PROMPTS:
+        ids = tokenizer.encode(prompt)
+        want = reference_tokens(pair.target, tokenizer, ids, text, 80, pair.target.vocab_size)
+        assert want[-1] in tokenizer.eos_token_ids, "the reference must finish its JSON within the budget"
+        jsonschema.validate(json.loads(tokenizer.decode(want[:-1])), schema)
+        assert ours(pair.without_drafter(), tokenizer, ids, grammar, 80) == want
+        for block in (16, 4):
+            assert ours(pair, tokenizer, ids, grammar, 80, block_size=block) == want, (prompt, block)
+
+
+@pytest.mark.parametrize("family,kind", [("qwen3", "dflash2"), ("llama", "dflash2"), ("qwen3", "dflash"),
+                                         ("qwen3_5", "dflash2")])
+def test_greedy_speculation_equals_constrained_plain_decoding_families(family, kind):
+    target, tokenizer, drafter = load_pair_for(family, kind)
+    pair = Pair.make(target, drafter)
+    grammar = Grammar.regex(r"(ab|cd|[0-9]{2,4}|x+y)+;")
+    ids = tokenizer.encode("hello world")
+    want = reference_tokens(target, tokenizer, ids, grammar.compiled(), 40, target.vocab_size)
+    assert len(set(want)) > 3  # the grammar leaves the model choices: not a forced string
+    for block in (8, 3):
+        assert ours(pair, tokenizer, ids, grammar, 40, block_size=block) == want, block
+
+
+def test_drafts_only_allowed_tokens_and_forced_ones_cost_no_acceptance(builtin):
+    pair, tokenizer = builtin
+    # A literal prefix: every token of it is forced, so the drafter's guess does not matter.
+    grammar = Grammar.regex(r"result_value_is_[0-9]{3}")
+    state = GrammarState(grammar, tokenizer, pair.target.vocab_size)
+    steps = list(generate_step(mx.array(tokenizer.encode("x = ")), pair, max_tokens=40, block_size=16, grammar=state))
+    text = tokenizer.decode([t for s in steps for t in s.tokens][:-1])
+    assert text.startswith("result_value_is_") and len(text) == len("result_value_is_") + 3
+    # The prefill wrote "result"; the first cycle drafts the forced "_value_is_" (canonical
+    # tokens, one per "_", "value", "_", "is", "_") and the target accepts all of them.
+    first = next(s for s in steps[1:] if s.drafted)
+    assert first.accepted >= 5 and tokenizer.decode(list(first.tokens[:5])) == "_value_is_"
+
+
+
+def first_token_counts(builtin, rule, n):
+    """The first token each of `n` sampled cycles commits after a fixed context, under `rule`."""
+    pair, tokenizer = builtin
+    sampling = SamplingParams(temperature=1.0)
+    transform = make_logprobs_transform(sampling)
+    grammar = Grammar.regex(r"(def|class|import|return|if|for|while) [a-z_]{1,8}")
+    ids = tokenizer.encode("\n")
+    cache = [pair.target.make_cache(), pair.drafter.make_cache()]
+    target_logits, features = pair.target(mx.array([ids]), cache[0], pair.layer_ids)
+    hidden, draft_logits = pair.drafter.draft(
+        mx.array([[ids[-1]] + [pair.mask_token_id] * 3], dtype=mx.int32), features, cache[1], pair.target)
+    state = GrammarState(grammar, tokenizer, pair.target.vocab_size)
+    row0 = target_logits[0, -1:]
+    exact = np.array(mx.softmax(transform(masked(row0, state.allowed()[None])), axis=-1, precise=True))[0]
+    counts = {}
+    for i in range(n):
+        k_draft, k_accept = mx.random.split(mx.random.key(i))
+        prop, masks = grammar_propose(pair.drafter, draft_logits[:1], hidden[:1], ids[-1], sampling, transform,
+                                      k_draft, pair.selector_transform, state)
+        # The verify rows: the target's row 0, then (one draft) the row after it, here row 0 again
+        # (only the first committed token is counted, and it never depends on row 1).
+        rows = mx.concatenate([row0, row0], axis=0)[: prop.draft.size + 1]
+        token = rule(prop, rows, masks, transform, k_accept)
+        counts[token] = counts.get(token, 0) + 1
+    return counts, exact
+
+
+def exact_rule(prop, rows, masks, transform, key):
+    a, bonus = accept_sampled(prop.draft, prop.q_full, masked(rows, masks), transform, key)
+    return int(prop.draft[0].item()) if a.item() > 0 else int(bonus.item())
+
+
+def unmasked_residual_rule(prop, rows, masks, transform, key):
+    """Acceptance against the masked target, but the residual from the unmasked one (wrong)."""
+    k_accept, k_bonus = mx.random.split(key, 2)
+    p_masked = mx.softmax(transform(masked(rows, masks)), axis=-1, precise=True)
+    p_raw = mx.softmax(transform(rows), axis=-1, precise=True)
+    d = prop.draft
+    u = mx.random.uniform(shape=d.shape, key=k_accept)
+    ok = u * mx.take_along_axis(prop.q_full, d[:, None], -1)[:, 0] < mx.take_along_axis(p_masked[:-1], d[:, None], -1)[:, 0]
+    if _leading_run(ok).item() > 0:
+        return int(d[0].item())
+    r = mx.maximum(p_raw[0] - prop.q_full[0], 0.0)
+    return int(mx.random.categorical(mx.log(r / mx.sum(r)), key=k_bonus).item())
+
+
+def gof(counts, exact, n):
+    """Chi-square p-value of `counts` against `exact` (cells under 5 expected merged); 0 when
+    any token lies outside its support."""
+    if any(exact[t] == 0 for t in counts):
+        return 0.0
+    exact = exact.astype(np.float64) / exact.sum()
+    big = np.flatnonzero(exact * n >= 5)
+    obs = np.array([counts.get(int(t), 0) for t in big], float)
+    exp = exact[big] * n
+    rest_obs, rest_exp = n - obs.sum(), n - exp.sum()
+    if rest_exp >= 1:
+        obs, exp = np.append(obs, rest_obs), np.append(exp, rest_exp)
+    return chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
+
+
+@pytest.mark.slow
+def test_sampled_constrained_tokens_follow_the_masked_target_distribution(builtin):
+    n = 1500
+    counts, exact = first_token_counts(builtin, exact_rule, n)
+    assert (exact > 0).sum() >= 3  # several allowed tokens carry the mass: a real test
+    assert gof(counts, exact, n) > 1e-3
+    wrong, _ = first_token_counts(builtin, unmasked_residual_rule, n)
+    assert gof(wrong, exact, n) < 1e-6
+
+
+def test_seeded_sampling_under_a_grammar_validates_and_repeats(builtin):
+    pair, tokenizer = builtin
+    grammar = Grammar.json_schema(CALL)
+    ids = tokenizer.encode(PROMPTS[0])
+    runs = [ours(pair, tokenizer, ids, grammar, 80, block_size=8,
+                 sampling=SamplingParams(temperature=1.0, seed=s)) for s in (1, 2, 3, 1)]
+    assert runs[0] == runs[3]
+    for tokens in runs:
+        if tokens[-1] in tokenizer.eos_token_ids:
+            jsonschema.validate(json.loads(tokenizer.decode(tokens[:-1])), CALL)
+
+
+def test_bad_grammars_are_one_line_errors():
+    for grammar in (Grammar.regex("([a-"), Grammar.json_schema("{nope"), Grammar.json_schema("[1, 2]"),
+                    Grammar("yaml", "x")):
+        with pytest.raises(DFlashError) as e:
+            grammar.compiled()
+        assert "\n" not in str(e.value) and "grammar" in str(e.value)
+
+
+def test_a_tree_with_a_grammar_is_refused(builtin):
+    pair, tokenizer = builtin
+    state = GrammarState(Grammar.json_object(), tokenizer, pair.target.vocab_size)
+    with pytest.raises(DFlashError, match="--tree"):
+        list(generate_step(mx.array(tokenizer.encode("x")), pair, max_tokens=4, tree_rows=8, grammar=state))
+
+
+def test_json_layout_is_compact(builtin):
+    pair, tokenizer = builtin
+    tokens = ours(pair, tokenizer, tokenizer.encode(PROMPTS[1]), Grammar.json_schema(PERSON), 80, block_size=16)
+    text = tokenizer.decode(tokens[:-1])
+    assert JSON_LAYOUT == {"whitespace_flexible": False}
+    assert text == json.dumps(json.loads(text), separators=(",", ":"))
