@@ -27,6 +27,8 @@ def generate(
     chat_template_config: o.ChatTemplateConfig = None,
     ar: o.AR = False,
     json_output: o.Json = False,
+    json_schema: o.JsonSchema = None,
+    regex: o.Regex = None,
     processes: o.Processes = None,
     hostfile: o.Hostfile = None,
     rank_timeout: o.RankTimeout = 300.0,
@@ -43,6 +45,7 @@ def generate(
     o.check_max_tokens(max_tokens)
     o.check_tree(tree)
     block_size = o.parse_block_size(block_size)
+    grammar = o.read_grammar(json_schema, regex, 0 if ar else tree)
     if ar and (block_size != "auto" or draft_quant or tree):
         import warnings
 
@@ -75,6 +78,7 @@ def generate(
     responses = stream_generate(
         pair, tokenizer, ids, max_tokens=max_tokens, sampling=sampling, block_size=block_size,
         calibration=calibration, tree_rows=0 if ar else tree, prompt_progress_callback=progress.callback,
+        grammar=grammar,
     )
     tokens, from_draft, pieces, last = [], [], [], None
     with progress:  # its line erased before the text, or an error line, follows

@@ -63,6 +63,11 @@ ChatTemplateConfig = Annotated[
     typer.Option("--chat-template-config", help='JSON passed to the chat template, e.g. \'{"enable_thinking": false}\'.'),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")]
+JsonSchema = Annotated[Optional[Path], typer.Option(
+    "--json-schema", help="Constrain the output to JSON valid under this JSON schema file (inside speculation).",
+    show_default=False)]
+Regex = Annotated[Optional[str], typer.Option(
+    "--regex", help="Constrain the output to text matching this regular expression.", show_default=False)]
 AR = Annotated[bool, typer.Option("--ar", help="Plain autoregressive decoding (the baseline).")]
 Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")]
 
@@ -217,6 +222,31 @@ def read_prompt(prompt: Optional[str]) -> str:
     if prompt is None:
         raise DFlashError("no prompt: pass --prompt TEXT (or --prompt - to read stdin)")
     return read_stdin() if prompt == "-" else check_text(prompt, "--prompt")
+
+
+def read_grammar(json_schema: Optional[Path], regex: Optional[str], tree: int):
+    """The `Grammar` of --json-schema FILE or --regex (None for neither), compiled now, before a
+    model loads, so a bad schema is one line at once."""
+    from dflash2_mlx.errors import DFlashError
+
+    if json_schema is None and regex is None:
+        return None
+    if json_schema is not None and regex is not None:
+        raise DFlashError("--json-schema and --regex both constrain the output: pass one of them")
+    if tree:
+        raise DFlashError("structured output cannot verify trees yet: drop --tree (the chain drafts under the grammar)")
+    from dflash2_mlx.engine.grammar import Grammar
+
+    if regex is not None:
+        grammar = Grammar.regex(regex)
+    else:
+        try:
+            text = json_schema.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise DFlashError(f"cannot read --json-schema {json_schema}: {getattr(e, 'strerror', None) or e}") from None
+        grammar = Grammar.json_schema(text)
+    grammar.compiled()
+    return grammar
 
 
 # -- prefill progress (generate, chat) -------------------------------------------------------

@@ -79,9 +79,17 @@ class Grammar:
             raise DFlashError(f"the {self.kind.replace('_', ' ')} cannot be used as a grammar: {e}") from None
         failed, messages = matcher_cls.validate_grammar_with_warnings(text)
         if failed:
-            first = messages[0].strip().splitlines()[0]
-            raise DFlashError(f"the {self.kind.replace('_', ' ')} cannot be used as a grammar: {first}")
+            raise DFlashError(f"the {self.kind.replace('_', ' ')} cannot be used as a grammar: {_one_line(messages[0])}")
         return text
+
+
+def _one_line(message: str) -> str:
+    """llguidance's message in one line: its first line, and the parser's own "error:" line
+    when the first ends by pointing at it (a regex's or a Lark grammar's position)."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    first = lines[0] if lines else message
+    cause = next((line[len("error:"):].strip() for line in lines[1:] if line.startswith("error:")), None)
+    return f"{first.rstrip(':')}: {cause}" if cause else first
 
 
 # One llguidance tokenizer per (tokenizer, vocabulary): building it reads the whole vocabulary.

@@ -10,6 +10,7 @@ import threading
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Optional, Union
 
+from ..engine.grammar import Grammar
 from ..engine.sampling import SamplingParams
 from ..text.stats import GenerationStats
 from .errors import ApiError
@@ -21,6 +22,7 @@ class GenerationRequest:
     max_tokens: int
     sampling: SamplingParams
     stop: tuple[str, ...] = ()
+    grammar: Optional[Grammar] = None  # structured output (response_format, a forced tool call)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from .jobs import Delta, Failed, Finished, GenerationRequest, Job, Started
 from .render import ReasoningSplitter, conversation_ids, starts_thinking, think_tags
 from .sampling_fields import check_model, check_prompt_length, read_max_tokens, read_sampling
 from .settings import ServeSettings
+from .structured import read_response_format
 from .usage import speculative_usage
 
 
@@ -81,7 +82,7 @@ def _call(body: dict, ids: list, settings: ServeSettings, chat: bool, think: tup
     # No --max-prompt-tokens: only the model's context bounds it (EngineService.submit).
     check_prompt_length(ids, settings.max_prompt_tokens or len(ids), "messages" if chat else "prompt")
     stop = stop_list(body, "stop", limit=4)
-    request = GenerationRequest(tuple(ids), max_tokens, sampling, stop)
+    request = GenerationRequest(tuple(ids), max_tokens, sampling, stop, read_response_format(body))
     return Call(request, chat, stream, include_usage, think)
 
 

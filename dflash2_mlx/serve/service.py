@@ -212,6 +212,7 @@ class EngineService:
             block_size=self.block_size, calibration=self.calibration, stop=request.stop,
             prefill_step_size=self.prefill_step_size,
             prompt_cache=cache, tree_rows=self.tree_rows if self.pair.drafter is not None else 0,
+            grammar=request.grammar,
         )
         n, last, cancelled = 0, None, False
         try:

@@ -17,6 +17,7 @@ from ..engine.adaptive.calibrate import Calibration, measure
 from ..engine.decode.loop import DecodeCache, autoregressive_generate_step, speculative_generate_step
 from ..engine.pair import Pair
 from ..engine.decode.profile import CycleProfiler
+from ..engine.grammar import Grammar, GrammarState
 from ..engine.sampling import SamplingParams
 from ..errors import DFlashError
 from .context import check_context
@@ -61,6 +62,7 @@ def stream_generate(
     profiler: Optional[CycleProfiler] = None,
     tree_rows: int = 0,
     prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
+    grammar: Optional[Grammar] = None,
 ) -> Generator[GenerationResponse, None, None]:
     """Stream a completion; DFlash / DFlash 2 when `pair` has a drafter, else plain decoding.
 
@@ -75,6 +77,8 @@ def stream_generate(
     last). A prompt that fills the target's context (earlier turns in
     `prompt_cache` included) raises `PromptTooLongError` before any of it
     runs; generation stops, as at `max_tokens`, when the context is full.
+    `grammar` (a JSON schema, a regex; engine/grammar.py) constrains the output
+    exactly as constrained plain decoding would, inside speculation.
     """
     if max_tokens < 1:
         raise DFlashError(f"max_tokens {max_tokens} must be at least 1")
@@ -84,6 +88,7 @@ def stream_generate(
     room = check_context(pair.target, history + len(ids))  # before calibration and prefill
     max_tokens = max_tokens if room is None else min(max_tokens, room)  # a full context ends it ("length")
     eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
+    state = GrammarState(grammar, tokenizer, pair.target.vocab_size) if grammar is not None else None
     profiler = profiler or CycleProfiler()
     auto = auto_decides(pair, block_size, tree_rows)
     B = pair.block_size(None if auto or block_size == "auto" else block_size)
@@ -97,14 +102,14 @@ def stream_generate(
         steps = autoregressive_generate_step(
             ids, pair, max_tokens=max_tokens, sampling=sampling,
             prefill_step_size=prefill_step_size, prompt_cache=prompt_cache,
-            prompt_progress_callback=prompt_progress_callback,
+            prompt_progress_callback=prompt_progress_callback, grammar=state,
         )
     else:
         steps = speculative_generate_step(
             ids, pair, max_tokens=max_tokens, block_size=B, sampling=sampling,
             prefill_step_size=prefill_step_size, prompt_cache=prompt_cache, profiler=profiler,
             tree_rows=tree_rows,
-            policy=policy, prompt_progress_callback=prompt_progress_callback,
+            policy=policy, prompt_progress_callback=prompt_progress_callback, grammar=state,
         )
     detok = IncrementalDetokenizer(tokenizer, ids)
     stopper = StopMatcher(stop)

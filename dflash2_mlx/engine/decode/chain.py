@@ -15,9 +15,9 @@ from .state import CycleOutcome, DecodeCache, LastVerify
 from .verify import accept_greedy, accept_sampled
 
 
-def chain_cycle(pair: Pair, cache: DecodeCache, anchor: int, pending: Optional[mx.array], *, block: int,
-                sampling: SamplingParams, transform: Callable, keys: tuple, left: int,
-                profiler: CycleProfiler, grammar: Optional[GrammarState] = None) -> CycleOutcome:
+def chain_cycle(pair: Pair, cache: DecodeCache, anchor: int, pending: Optional[mx.array], keys: tuple,
+                grammar: Optional[GrammarState] = None, *, block: int, sampling: SamplingParams,
+                transform: Callable, left: int, profiler: CycleProfiler) -> CycleOutcome:
     """Draft `block - 1` tokens after `anchor`, verify them, commit at most `left`.
 
     `pending`: features of committed rows the drafter has not seen (it takes

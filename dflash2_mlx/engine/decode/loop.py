@@ -51,24 +51,15 @@ def generate_step(
     when given, already holds earlier context; `prompt` then starts with the
     cache's last committed token (committed, never run) then the new tokens.
     `prompt_progress_callback(done, total)`: mlx-lm's, called through the prefill.
-    `grammar`, a fresh `GrammarState`: every token comes from the target's
-    distribution masked by it, exactly as constrained plain decoding (plain
-    steps are then launched only once the token before is known, since its
-    mask depends on it); decoding ends when the grammar is complete.
+    `grammar`, a fresh `GrammarState`, masks the target's distribution as
+    constrained plain decoding does (docs/structured.md); it ends when complete.
     """
-    drafter = pair.drafter
-    block = pair.block_size(block_size)
-    prompt = _check_prompt(prompt)
+    drafter, block, prompt = pair.drafter, pair.block_size(block_size), _check_prompt(prompt)
     cache = _cache_for(prompt, pair, prompt_cache)
     profiler = profiler or CycleProfiler()
     transform = make_logprobs_transform(sampling)
-    sample = token_sampler(sampling, transform)
     tree_rows = tree_rows_for(pair, tree_rows) if drafter is not None else 0
-    if grammar is not None and tree_rows:
-        raise DFlashError("structured output cannot verify trees yet: drop --tree (the chain drafts under the grammar)")
-    if grammar is not None:
-        unmasked = sample
-        sample = lambda logits, key: unmasked(masked(logits, grammar.allowed()), key)  # noqa: E731
+    sample = _constrained(token_sampler(sampling, transform), grammar, tree_rows)
     if policy is None or tree_rows:  # the cost model is the chain's: a tree drafts the fixed block
         policy = FixedBlock(block)
     key, sub = split_key(make_key(sampling))
@@ -92,16 +83,13 @@ def generate_step(
                 if tree_rows:
                     outcome = tree_cycle(pair, cache, anchor, pending.take(), rows=tree_rows, key=k_accept, **cycle)
                 else:
-                    outcome = chain_cycle(pair, cache, anchor, pending.take(), keys=(k_draft, k_accept),
-                                          grammar=grammar, **cycle)
+                    outcome = chain_cycle(pair, cache, anchor, pending.take(), (k_draft, k_accept), grammar, **cycle)
                 choice = None
-            left = _commit(outcome, cache, pending, policy, drafter, left)
-            if grammar is not None:
-                grammar.advance(outcome.tokens)
+            left = _commit(outcome, cache, pending, policy, drafter, left, grammar)
             yield outcome.step()
             anchor = outcome.tokens[-1]
-            if grammar is not None and grammar.done:
-                choice = None  # complete: nothing more may follow
+            if grammar is not None and grammar.done:  # complete: nothing may follow
+                choice = None
             elif plain is None and choice is None:
                 choice = _decide(policy, left)
             if plain is None and choice is not None and choice.block == 1:
@@ -118,6 +106,15 @@ def generate_step(
             pending.flush(drafter, cache, wait=True)
 
 
+def _constrained(sample: Callable, grammar: Optional[GrammarState], tree_rows: int) -> Callable:
+    """The plain steps' sampler, masked by the grammar's state when the step launches."""
+    if grammar is None:
+        return sample
+    if tree_rows:
+        raise DFlashError("structured output cannot verify trees yet: drop --tree (the chain drafts under the grammar)")
+    return lambda logits, key: sample(masked(logits, grammar.allowed()), key)
+
+
 def _decide(policy, tokens_left: int) -> Optional[Choice]:
     """The policy's choice for the next cycle, acted on; None when no tokens are left."""
     if tokens_left <= 0:
@@ -128,10 +125,13 @@ def _decide(policy, tokens_left: int) -> Optional[Choice]:
 
 
 def _commit(outcome: CycleOutcome, cache: DecodeCache, pending: PendingFeatures, policy, drafter,
-            left: int) -> int:
-    """The one commit tail: tokens and undo record into the cache, features
-    towards the drafter, the outcome to the policy. Returns the tokens left."""
+            left: int, grammar: Optional[GrammarState]) -> int:
+    """The one commit tail: tokens and undo record into the cache (and the
+    grammar), features towards the drafter, the outcome to the policy.
+    Returns the tokens left."""
     cache.commit(outcome.tokens, outcome.undo)
+    if grammar is not None:
+        grammar.advance(outcome.tokens)
     pending.add(outcome.features)
     if drafter is not None and pending.rows >= FLUSH_ROWS:
         pending.flush(drafter, cache)
@@ -156,12 +156,13 @@ def autoregressive_generate_step(
     prefill_step_size: int = 2048,
     prompt_cache: Optional[DecodeCache] = None,
     prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
+    grammar: Optional[GrammarState] = None,
 ) -> Generator[DecodeStep, None, None]:
     """Plain decoding through the same loop and sampling code, for baselines
     (`--ar`); a drafter in `pair` is ignored."""
     return generate_step(prompt, pair.without_drafter(), max_tokens=max_tokens, sampling=sampling,
                          prefill_step_size=prefill_step_size, prompt_cache=prompt_cache,
-                         prompt_progress_callback=prompt_progress_callback)
+                         prompt_progress_callback=prompt_progress_callback, grammar=grammar)
 
 
 def _prefill(prompt: mx.array, pair: Pair, cache: DecodeCache, prefill_step_size: int,
