@@ -33,6 +33,15 @@ CacheBytes = Annotated[
     str, typer.Option("--cache-bytes", help="Prompt cache bound across requests, e.g. 4GB, 512MB or bytes (0 = off); least recently used conversations go first."),
 ]
 MaxQueue = Annotated[int, typer.Option("--max-queue", help="Requests that may wait while one generates; more get 429.")]
+ServedModelName = Annotated[
+    Optional[list[str]],
+    typer.Option("--served-model-name", help="A name /v1/models lists (repeat for more; the first is what responses "
+                                             "carry). Any requested model is answered by the loaded pair.",
+                 show_default=False),
+]
+StrictModelName = Annotated[
+    bool, typer.Option("--strict-model-name", help="Refuse (404) requests whose model is not a served name."),
+]
 DefaultMaxTokens = Annotated[int, typer.Option("--max-tokens", "-m", help="max_tokens for OpenAI requests that do not set it.")]
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -54,6 +63,8 @@ def serve(
     cache_bytes: CacheBytes = "4GB",
     max_queue: MaxQueue = 32,
     chat_template_config: o.ChatTemplateConfig = None,
+    served_model_name: ServedModelName = None,
+    strict_model_name: StrictModelName = False,
     ar: o.AR = False,
     processes: o.Processes = None,
     hostfile: o.Hostfile = None,
@@ -79,6 +90,8 @@ def serve(
         import warnings
 
         warnings.warn("--block-size, --tree and --draft-quant do nothing with --ar (no drafter is used)")
+    if served_model_name and not all(name.strip() for name in served_model_name):
+        raise DFlashError("--served-model-name is empty: give the name clients will see")
     if api_key is not None and not api_key.strip():
         raise DFlashError("--api-key is empty: give a key, or leave the option out on loopback")
     if not is_loopback(host) and api_key is None and not allow_unauthenticated:
@@ -120,8 +133,10 @@ def serve(
             return
     print("loading models…", file=sys.stderr)
     pair, _ = _start(service)
-    settings = ServeSettings(model_id=model, api_key=api_key, max_prompt_tokens=max_prompt_tokens,
-                             default_max_tokens=max_tokens, template_kwargs=template_kwargs)
+    names = tuple(served_model_name or ()) or (model,)
+    settings = ServeSettings(model_id=names[0], api_key=api_key, max_prompt_tokens=max_prompt_tokens,
+                             default_max_tokens=max_tokens, template_kwargs=template_kwargs,
+                             aliases=names[1:], strict_model_names=strict_model_name)
     drain = Drain()
     app = create_app(service, settings, drain)
     bound = sock.getsockname()

@@ -28,7 +28,7 @@ PROMPTS = ["Plan a trip.", "config = ", "def trip():\n    return "]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("agents")
-    s = Server("--block-size", "8", tmp=tmp)
+    s = Server("--block-size", "8", "--served-model-name", "dflash2-builtin", "--served-model-name", "fast", tmp=tmp)
     try:
         yield s
     finally:
@@ -93,3 +93,27 @@ def test_response_formats_it_does_not_understand_are_400(server, fmt):
                    json={"model": "builtin", "messages": [{"role": "user", "content": "x"}], "response_format": fmt})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"].startswith("response_format")
+
+
+def test_any_model_name_is_served_and_models_lists_the_served_names(server):
+    client = oai(server)
+    assert [m.id for m in client.models.list().data] == ["dflash2-builtin", "fast"]
+    for name in ("claude-3-5-haiku-latest", "gpt-4o", "fast"):
+        r = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+        assert r.model == "dflash2-builtin" and r.choices[0].message.content is not None
+    import anthropic
+
+    a = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+    m = a.messages.create(model="claude-sonnet-4-5", max_tokens=3, messages=[{"role": "user", "content": "hi"}])
+    assert m.model == "dflash2-builtin" and m.content[0].type == "text"
+
+
+def test_count_tokens_equals_what_a_messages_call_reads(server):
+    import anthropic
+
+    a = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+    kwargs = dict(model="claude-sonnet-4-5", system="You are terse.",
+                  messages=[{"role": "user", "content": "count these tokens, please: " + "x " * 17}])
+    counted = a.messages.count_tokens(**kwargs).input_tokens
+    m = a.messages.create(max_tokens=2, **kwargs)
+    assert counted == m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0) > 20

@@ -35,11 +35,11 @@ def started(tmp_path_factory):
     """Both servers and the `dflash2 generate` reference, started side by side.
 
     `server`: the defaults (prompt cache on). `locked`: a key, no prompt cache
-    (a cold server), a queue of one, short prompts."""
+    (a cold server), a queue of one, short prompts, only its own model name."""
     tmp = tmp_path_factory.mktemp("serve")
     servers = [Server("--max-queue", "64", tmp=tmp, wait=False),
                Server("--api-key", KEY, "--cache-bytes", "0", "--max-queue", "1", "--max-prompt-tokens", "200",
-                      tmp=tmp, wait=False)]
+                      "--strict-model-name", tmp=tmp, wait=False)]
     generate = subprocess.run(generate_command(PROMPT, N), capture_output=True, text=True, timeout=300)
     try:
         assert generate.returncode == 0, generate.stderr

@@ -28,7 +28,25 @@ class Call:
 
 
 def parse_messages(body: dict, tokenizer, settings: ServeSettings) -> Call:
-    check_model(body, settings.model_id)
+    ids, text = conversation(body, tokenizer, settings)
+    # No --max-prompt-tokens: only the model's context bounds it (EngineService.submit).
+    check_prompt_length(ids, settings.max_prompt_tokens or len(ids), "messages")
+    sampling = read_sampling(body, max_temperature=1.0)
+    max_tokens = read_max_tokens(body, ("max_tokens",), 0, required=True)
+    request = GenerationRequest(tuple(ids), max_tokens, sampling, stop_list(body, "stop_sequences"))
+    start, end = think_tags(tokenizer)
+    return Call(request, get(body, "stream", bool, False), (start, end, starts_thinking(text, start, end)))
+
+
+def count_tokens(body: dict, tokenizer, settings: ServeSettings) -> dict:
+    """POST /v1/messages/count_tokens: the prompt tokens a messages call with this body reads."""
+    ids, _ = conversation(body, tokenizer, settings)
+    return {"input_tokens": len(ids)}
+
+
+def conversation(body: dict, tokenizer, settings: ServeSettings) -> tuple[list[int], str]:
+    """The prompt ids (and text) of a messages body: system, messages and tools, rendered."""
+    check_model(body, settings)
     messages = []
     system = body.get("system")
     if system is not None:
@@ -46,14 +64,7 @@ def parse_messages(body: dict, tokenizer, settings: ServeSettings) -> Call:
                            f"{where}.role")
         messages.append({"role": role, "content": _text(m.get("content"), f"{where}.content")})
     tools = [_tool(t, i) for i, t in enumerate(get(body, "tools", list, []))] or None
-    ids, text = conversation_ids(tokenizer, messages, tools=tools, template_kwargs=settings.template_kwargs)
-    # No --max-prompt-tokens: only the model's context bounds it (EngineService.submit).
-    check_prompt_length(ids, settings.max_prompt_tokens or len(ids), "messages")
-    sampling = read_sampling(body, max_temperature=1.0)
-    max_tokens = read_max_tokens(body, ("max_tokens",), 0, required=True)
-    request = GenerationRequest(tuple(ids), max_tokens, sampling, stop_list(body, "stop_sequences"))
-    start, end = think_tags(tokenizer)
-    return Call(request, get(body, "stream", bool, False), (start, end, starts_thinking(text, start, end)))
+    return conversation_ids(tokenizer, messages, tools=tools, template_kwargs=settings.template_kwargs)
 
 
 def _text(content, where: str) -> str:

@@ -28,7 +28,8 @@ from .settings import ServeSettings
 
 log = logging.getLogger("dflash2.serve")
 
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models", "/health", "/metrics")
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/models",
+          "/health", "/metrics")
 OPEN_PATHS = ("/health",)  # answered without a key: load balancers and supervisors poll it
 
 
@@ -51,12 +52,13 @@ def create_app(service: EngineService, settings: ServeSettings, drain: Drain = N
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     async def models(request: Request) -> Response:
-        return JSONResponse(openai.models_list(settings.model_id, created))
+        return JSONResponse(openai.models_list(settings.served_names, created))
 
     async def model(request: Request) -> Response:
         name = request.path_params["name"]
-        if name != settings.model_id:
-            raise ApiError(404, f"model '{name}' is not served here: use '{settings.model_id}'", "model")
+        if name not in settings.served_names:
+            names = ", ".join(f"'{n}'" for n in settings.served_names)
+            raise ApiError(404, f"model '{name}' is not listed here: the served names are {names}", "model")
         return JSONResponse(openai.model_card(name, created))
 
     async def chat_completions(request: Request) -> Response:
@@ -87,6 +89,10 @@ def create_app(service: EngineService, settings: ServeSettings, drain: Drain = N
             return Response(status_code=499)
         return JSONResponse(answer.whole(text, tokens, fin))
 
+    async def count_tokens(request: Request) -> Response:
+        body = await read_json(request, settings.max_body_bytes)
+        return JSONResponse(anthropic.count_tokens(body, tokenizer, settings))
+
     @asynccontextmanager
     async def lifespan(app):
         yield
@@ -100,6 +106,7 @@ def create_app(service: EngineService, settings: ServeSettings, drain: Drain = N
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/messages", messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         ],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error},
         lifespan=lifespan,

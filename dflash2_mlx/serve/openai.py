@@ -65,7 +65,7 @@ def parse_completion(body: dict, tokenizer, settings: ServeSettings) -> Call:
 
 
 def _call(body: dict, ids: list, settings: ServeSettings, chat: bool, think: tuple) -> Call:
-    check_model(body, settings.model_id)
+    check_model(body, settings)
     n = get(body, "n", int, 1)
     if n != 1:
         raise ApiError(422, f"'n' {n} is not supported: this server returns one choice (n = 1)", "n")
@@ -218,8 +218,8 @@ def sse(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def models_list(model_id: str, created: int) -> dict:
-    return {"object": "list", "data": [model_card(model_id, created)]}
+def models_list(names, created: int) -> dict:
+    return {"object": "list", "data": [model_card(name, created) for name in names]}
 
 
 def model_card(model_id: str, created: int) -> dict:

@@ -32,10 +32,13 @@ def read_max_tokens(body: dict, keys: tuple[str, ...], default: int, required: b
     return default
 
 
-def check_model(body: dict, model_id: str) -> None:
+def check_model(body: dict, settings) -> None:
+    """Any model name is served by the loaded pair, unless the server was started with
+    --strict-model-name: then only its served names (a 404 names them)."""
     model = get(body, "model", str)
-    if model is not None and model != model_id:
-        raise ApiError(404, f"model '{model}' is not served here: use '{model_id}' (see GET /v1/models)", "model")
+    if model is not None and settings.strict_model_names and model not in settings.served_names:
+        names = ", ".join(f"'{n}'" for n in settings.served_names)
+        raise ApiError(404, f"model '{model}' is not served here: use {names} (see GET /v1/models)", "model")
 
 
 def check_prompt_length(ids: list, limit: int, param: str) -> None:
