@@ -17,6 +17,7 @@ from .jobs import Delta, Failed, Finished, GenerationRequest, Job, Started
 from .render import ReasoningSplitter, conversation_ids, starts_thinking, think_tags
 from .sampling_fields import check_model, check_prompt_length, read_max_tokens, read_sampling
 from .settings import ServeSettings
+from .tools import ToolCall, ToolPlan, ToolStreamer, plan_tools
 from .usage import speculative_usage
 
 
@@ -25,26 +26,42 @@ class Call:
     request: GenerationRequest
     stream: bool
     think: tuple  # (start tag, end tag, answer starts inside the think block)
+    tools: ToolPlan = ToolPlan()
 
 
 def parse_messages(body: dict, tokenizer, settings: ServeSettings) -> Call:
-    ids, text = conversation(body, tokenizer, settings)
+    plan = _tool_plan(body, tokenizer)
+    ids, text = conversation(body, tokenizer, settings, plan)
     # No --max-prompt-tokens: only the model's context bounds it (EngineService.submit).
     check_prompt_length(ids, settings.max_prompt_tokens or len(ids), "messages")
     sampling = read_sampling(body, max_temperature=1.0)
     max_tokens = read_max_tokens(body, ("max_tokens",), 0, required=True)
-    request = GenerationRequest(tuple(ids), max_tokens, sampling, stop_list(body, "stop_sequences"))
+    request = GenerationRequest(tuple(ids), max_tokens, sampling, stop_list(body, "stop_sequences"), plan.grammar)
     start, end = think_tags(tokenizer)
-    return Call(request, get(body, "stream", bool, False), (start, end, starts_thinking(text, start, end)))
+    return Call(request, get(body, "stream", bool, False), (start, end, starts_thinking(text, start, end)), plan)
+
+
+def _tool_plan(body: dict, tokenizer) -> ToolPlan:
+    """Anthropic's tools and tool_choice (auto / any / tool / none) as a `ToolPlan`."""
+    tools = [_tool(t, i) for i, t in enumerate(get(body, "tools", list, []) or [])]
+    choice = get(body, "tool_choice", dict, {"type": "auto"})
+    kind = choice.get("type")
+    if kind not in ("auto", "any", "tool", "none"):
+        raise ApiError(400, "'tool_choice.type' must be auto, any, tool or none", "tool_choice")
+    if kind == "tool" and not isinstance(choice.get("name"), str):
+        raise ApiError(400, "'tool_choice' of type 'tool' needs the tool's 'name'", "tool_choice")
+    named = {"auto": "auto", "any": "required", "none": "none"}.get(kind, choice.get("name"))
+    several = not choice.get("disable_parallel_tool_use", False)
+    return plan_tools(tokenizer, tools, named, several)
 
 
 def count_tokens(body: dict, tokenizer, settings: ServeSettings) -> dict:
     """POST /v1/messages/count_tokens: the prompt tokens a messages call with this body reads."""
-    ids, _ = conversation(body, tokenizer, settings)
+    ids, _ = conversation(body, tokenizer, settings, _tool_plan(body, tokenizer))
     return {"input_tokens": len(ids)}
 
 
-def conversation(body: dict, tokenizer, settings: ServeSettings) -> tuple[list[int], str]:
+def conversation(body: dict, tokenizer, settings: ServeSettings, plan: ToolPlan) -> tuple[list[int], str]:
     """The prompt ids (and text) of a messages body: system, messages and tools, rendered."""
     check_model(body, settings)
     messages = []
@@ -62,9 +79,46 @@ def conversation(body: dict, tokenizer, settings: ServeSettings) -> tuple[list[i
         if role not in ("user", "assistant"):
             raise ApiError(400, f"'{where}.role' must be 'user' or 'assistant' (the system prompt goes in 'system')",
                            f"{where}.role")
-        messages.append({"role": role, "content": _text(m.get("content"), f"{where}.content")})
-    tools = [_tool(t, i) for i, t in enumerate(get(body, "tools", list, []))] or None
-    return conversation_ids(tokenizer, messages, tools=tools, template_kwargs=settings.template_kwargs)
+        messages += _turn(role, m.get("content"), f"{where}.content")
+    kwargs = {**settings.template_kwargs, **_thinking_kwargs(body)}
+    return conversation_ids(tokenizer, messages, tools=list(plan.tools) or None, template_kwargs=kwargs)
+
+
+def _thinking_kwargs(body: dict) -> dict:
+    """The `thinking` parameter as the template's switch (Qwen 3's enable_thinking)."""
+    thinking = get(body, "thinking", dict)
+    if thinking is None:
+        return {}
+    kind = thinking.get("type")
+    if kind not in ("enabled", "disabled", "adaptive"):
+        raise ApiError(400, "'thinking.type' must be enabled, disabled or adaptive", "thinking")
+    return {"enable_thinking": kind != "disabled"}
+
+
+def _turn(role: str, content, where: str) -> list[dict]:
+    """One Anthropic turn as template messages: text, and the assistant's tool_use blocks
+    as tool_calls, the user's tool_result blocks as tool messages."""
+    if isinstance(content, str) or not isinstance(content, list):
+        return [{"role": role, "content": _text(content, where)}]
+    text, calls, results = [], [], []
+    for i, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            text.append(block["text"])
+        elif kind == "tool_use" and role == "assistant" and isinstance(block.get("name"), str):
+            calls.append({"id": block.get("id", ""), "type": "function",
+                          "function": {"name": block["name"], "arguments": block.get("input") or {}}})
+        elif kind == "tool_result" and role == "user":
+            results.append({"role": "tool", "tool_call_id": block.get("tool_use_id", ""),
+                            "content": _text(block.get("content") or "", f"{where}[{i}].content")})
+        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+            continue  # earlier thinking is not read again (as Anthropic's API drops it)
+        else:
+            raise ApiError(400, f"'{where}[{i}]' is a block this server does not read (text, tool_use in "
+                                f"assistant turns, tool_result in user turns)", f"{where}[{i}]")
+    if role == "assistant":
+        return [{"role": "assistant", "content": "".join(text), **({"tool_calls": calls} if calls else {})}]
+    return results + ([{"role": "user", "content": "".join(text)}] if text or not results else [])
 
 
 def _text(content, where: str) -> str:
@@ -91,9 +145,11 @@ def _tool(tool, index: int) -> dict:
 # -- answers ---------------------------------------------------------------------------
 
 
-def stop_reason(fin: Finished, stop_sequence: Optional[str]) -> str:
+def stop_reason(fin: Finished, stop_sequence: Optional[str], called: bool = False) -> str:
     if fin.finish_reason == "length":
         return "max_tokens"
+    if called:
+        return "tool_use"
     return "stop_sequence" if stop_sequence is not None else "end_turn"
 
 
@@ -114,8 +170,10 @@ class Answer:
 
     def _message(self, content: list, fin: Optional[Finished], usage_: dict) -> dict:
         stop = self._stop(fin) if fin else None
+        called = any(b["type"] == "tool_use" for b in content)
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
-                "stop_reason": stop_reason(fin, stop) if fin else None, "stop_sequence": stop, "usage": usage_}
+                "stop_reason": stop_reason(fin, stop, called) if fin else None, "stop_sequence": stop,
+                "usage": usage_}
 
     def _stop(self, fin: Finished) -> Optional[str]:
         """Which stop sequence ended the answer: the one that follows the
@@ -133,7 +191,10 @@ class Answer:
         blocks = []
         if reasoning + r2:
             blocks.append({"type": "thinking", "thinking": reasoning + r2, "signature": ""})
-        blocks.append({"type": "text", "text": content + c2})
+        content, calls = self.call.tools.split(content + c2)
+        if content or not calls:
+            blocks.append({"type": "text", "text": content})
+        blocks += [_tool_use(c) for c in calls]
         return self._message(blocks, fin, usage(fin))
 
     async def stream(self, job: Job) -> AsyncIterator[str]:
@@ -149,9 +210,27 @@ class Answer:
             out.append(event("content_block_start", {"index": index, "content_block": block}))
             return out
 
-        def deltas(reasoning, content):
+        tool_stream = ToolStreamer(self.call.tools) if self.call.tools.parse else None
+        called = False
+
+        def tool_use(call: ToolCall):
+            # A whole block: its start (input {}), the arguments as one input_json_delta, its stop.
+            nonlocal index, kind, called
+            out = [event("content_block_stop", {"index": index})] if kind is not None else []
+            index, kind, called = index + 1, None, True
+            out.append(event("content_block_start", {"index": index, "content_block": {**_tool_use(call), "input": {}}}))
+            out.append(event("content_block_delta", {"index": index, "delta": {"type": "input_json_delta",
+                                                                               "partial_json": call.arguments}}))
+            out.append(event("content_block_stop", {"index": index}))
+            return out
+
+        def deltas(reasoning, content, final=False):
             out = []
-            for new_kind, text in (("thinking", reasoning), ("text", content)):
+            pieces = [content] if tool_stream is None else tool_stream.feed(content) + (tool_stream.flush() if final else [])
+            for new_kind, text in [("thinking", reasoning)] + [("text", p) for p in pieces]:
+                if isinstance(text, ToolCall):
+                    out += tool_use(text)
+                    continue
                 if not text:
                     continue
                 if kind != new_kind:
@@ -173,16 +252,22 @@ class Answer:
                 for chunk in deltas(*self.splitter.feed(ev.text)):
                     yield chunk
             elif isinstance(ev, Finished):
-                for chunk in deltas(*self.splitter.flush()):
+                for chunk in deltas(*self.splitter.flush(), final=True):
                     yield chunk
-                yield event("content_block_stop", {"index": index})
+                if kind is not None:
+                    yield event("content_block_stop", {"index": index})
                 stop = self._stop(ev)
-                yield event("message_delta", {"delta": {"stop_reason": stop_reason(ev, stop), "stop_sequence": stop},
+                yield event("message_delta", {"delta": {"stop_reason": stop_reason(ev, stop, called),
+                                                        "stop_sequence": stop},
                                               "usage": {"output_tokens": ev.completion_tokens,
                                                         "dflash2": speculative_usage(ev.stats)}})
                 yield event("message_stop", {})
             elif isinstance(ev, Failed):
                 yield event("error", {"error": ApiError(ev.status, ev.message).anthropic_body()["error"]})
+
+
+def _tool_use(call: ToolCall) -> dict:
+    return {"type": "tool_use", "id": call.id.replace("call_", "toolu_", 1), "name": call.name, "input": call.input}
 
 
 def event(name: str, data: dict) -> str:

@@ -19,6 +19,7 @@ from .render import ReasoningSplitter, conversation_ids, starts_thinking, think_
 from .sampling_fields import check_model, check_prompt_length, read_max_tokens, read_sampling
 from .settings import ServeSettings
 from .structured import read_response_format
+from .tools import ToolCall, ToolPlan, ToolStreamer, plan_tools
 from .usage import speculative_usage
 
 
@@ -31,17 +32,19 @@ class Call:
     stream: bool
     include_usage: bool
     think: tuple  # (start tag, end tag, answer starts inside the think block)
+    tools: ToolPlan = ToolPlan()
 
 
 def parse_chat(body: dict, tokenizer, settings: ServeSettings) -> Call:
     messages = [_message(m, i) for i, m in enumerate(get(body, "messages", list, required=True))]
     if not messages:
         raise ApiError(400, "'messages' is empty: send at least one message", "messages")
-    tools = get(body, "tools", list)
+    plan = plan_tools(tokenizer, read_tools(body), read_tool_choice(body),
+                      get(body, "parallel_tool_calls", bool, True))
     kwargs = {**settings.template_kwargs, **get(body, "chat_template_kwargs", dict, {})}
-    ids, text = conversation_ids(tokenizer, messages, tools=tools, template_kwargs=kwargs)
+    ids, text = conversation_ids(tokenizer, messages, tools=list(plan.tools) or None, template_kwargs=kwargs)
     start, end = think_tags(tokenizer)
-    return _call(body, ids, settings, chat=True, think=(start, end, starts_thinking(text, start, end)))
+    return _call(body, ids, settings, chat=True, think=(start, end, starts_thinking(text, start, end)), tools=plan)
 
 
 def parse_completion(body: dict, tokenizer, settings: ServeSettings) -> Call:
@@ -64,7 +67,8 @@ def parse_completion(body: dict, tokenizer, settings: ServeSettings) -> Call:
     return _call(body, ids, settings, chat=False, think=(None, None, False))
 
 
-def _call(body: dict, ids: list, settings: ServeSettings, chat: bool, think: tuple) -> Call:
+def _call(body: dict, ids: list, settings: ServeSettings, chat: bool, think: tuple,
+          tools: ToolPlan = ToolPlan()) -> Call:
     check_model(body, settings)
     n = get(body, "n", int, 1)
     if n != 1:
@@ -82,8 +86,12 @@ def _call(body: dict, ids: list, settings: ServeSettings, chat: bool, think: tup
     # No --max-prompt-tokens: only the model's context bounds it (EngineService.submit).
     check_prompt_length(ids, settings.max_prompt_tokens or len(ids), "messages" if chat else "prompt")
     stop = stop_list(body, "stop", limit=4)
-    request = GenerationRequest(tuple(ids), max_tokens, sampling, stop, read_response_format(body))
-    return Call(request, chat, stream, include_usage, think)
+    grammar = read_response_format(body)
+    if grammar is not None and tools.grammar is not None:
+        raise ApiError(400, "'response_format' and a forced tool call both constrain the answer: send one of them",
+                       "response_format")
+    request = GenerationRequest(tuple(ids), max_tokens, sampling, stop, grammar or tools.grammar)
+    return Call(request, chat, stream, include_usage, think, tools)
 
 
 def _message(m, index: int) -> dict:
@@ -102,6 +110,28 @@ def _message(m, index: int) -> dict:
         if isinstance(m.get(key), str):
             out[key] = m[key]
     return out
+
+
+def read_tools(body: dict) -> list:
+    """OpenAI function tools, checked to carry a name."""
+    tools = get(body, "tools", list, []) or []
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or tool.get("type", "function") != "function":
+            raise ApiError(400, f"'tools[{i}]' must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}",
+                           f"tools[{i}]")
+    return tools
+
+
+def read_tool_choice(body: dict):
+    """None, "none", "auto", "required", or the name of the function a call must use."""
+    choice = body.get("tool_choice")
+    if choice is None or choice in ("none", "auto", "required"):
+        return choice
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict) and isinstance(choice["function"].get("name"), str):
+        return choice["function"]["name"]
+    raise ApiError(400, "'tool_choice' must be 'none', 'auto', 'required' or "
+                        "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
 
 
 def _text(content, where: str) -> str:
@@ -155,6 +185,8 @@ class Answer:
         self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.splitter = ReasoningSplitter(*call.think)
+        self.tool_stream = ToolStreamer(call.tools) if call.tools.parse else None
+        self.calls = 0  # tool calls streamed so far
 
     def _envelope(self, chunk: bool) -> dict:
         kind = ("chat.completion" if self.call.chat else "text_completion") + (".chunk" if chunk and self.call.chat else "")
@@ -164,10 +196,15 @@ class Answer:
         if self.call.chat:
             reasoning, content = self.splitter.feed(text)
             r2, c2 = self.splitter.flush()
-            message = {"role": "assistant", "content": content + c2}
+            content, calls = self.call.tools.split(content + c2)
+            message = {"role": "assistant", "content": content if content or not calls else None}
             if reasoning + r2:
                 message["reasoning_content"] = reasoning + r2
-            choice = {"index": 0, "message": message, "finish_reason": fin.finish_reason, "logprobs": None}
+            finish = fin.finish_reason
+            if calls:
+                message["tool_calls"] = [_tool_call_json(c) for c in calls]
+                finish = "tool_calls" if finish == "stop" else finish
+            choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         else:
             choice = {"index": 0, "text": text, "finish_reason": fin.finish_reason, "logprobs": None}
         return {**self._envelope(False), "choices": [choice], "usage": usage(fin)}
@@ -189,9 +226,25 @@ class Answer:
         out = []
         if reasoning:
             out.append(self.chunk({"reasoning_content": reasoning}))
-        if content:
-            out.append(self.chunk({"content": content}))
+        pieces = [content] if self.tool_stream is None else self.tool_stream.feed(content)
+        if final and self.tool_stream is not None:
+            pieces += self.tool_stream.flush()
+        for piece in pieces:
+            if isinstance(piece, ToolCall):
+                out += self._call_chunks(piece)
+            elif piece:
+                out.append(self.chunk({"content": piece}))
         return out
+
+    def _call_chunks(self, call: ToolCall) -> list[str]:
+        """A tool call as OpenAI streams one: its id and name, then the arguments."""
+        index, self.calls = self.calls, self.calls + 1
+        head = {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+        return [self.chunk({"tool_calls": [head]}),
+                self.chunk({"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]})]
+
+    def finish_reason(self, fin: Finished) -> str:
+        return "tool_calls" if self.calls and fin.finish_reason == "stop" else fin.finish_reason
 
 
 async def stream(job: Job, answer: Answer) -> AsyncIterator[str]:
@@ -206,12 +259,16 @@ async def stream(job: Job, answer: Answer) -> AsyncIterator[str]:
         elif isinstance(event, Finished):
             for chunk in answer.text_chunks("", final=True):
                 yield chunk
-            yield answer.chunk({}, finish=event.finish_reason)
+            yield answer.chunk({}, finish=answer.finish_reason(event))
             if answer.call.include_usage:
                 yield sse({**answer._envelope(True), "choices": [], "usage": usage(event)})
         elif isinstance(event, Failed):
             yield sse(ApiError(event.status, event.message).openai_body())
     yield "data: [DONE]\n\n"
+
+
+def _tool_call_json(call: ToolCall) -> dict:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
 def sse(data: dict) -> str:

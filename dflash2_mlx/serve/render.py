@@ -65,7 +65,7 @@ class ReasoningSplitter:
                 held = held[at + len(tag):]
                 self.thinking = not self.thinking
                 continue
-            keep = _partial_suffix(held, tag)
+            keep = partial_suffix(held, tag)
             (reasoning if self.thinking else content).append(held[: len(held) - keep])
             held = held[len(held) - keep:]
             break
@@ -77,7 +77,7 @@ class ReasoningSplitter:
         return (held, "") if self.thinking else ("", held)
 
 
-def _partial_suffix(text: str, tag: str) -> int:
+def partial_suffix(text: str, tag: str) -> int:
     """Length of the longest end of `text` that begins `tag`."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:n]):

@@ -1,0 +1,163 @@
+"""Tool calls in the model's own format, for both protocols.
+
+The format comes from mlx-lm: its tokenizer wrapper finds the model's tool
+parser from the chat template (`mlx_lm/tool_parsers/`) and holds the tags a
+call sits between (`tool_call_start`, `tool_call_end`). This module never
+parses a call itself: it cuts the output at those tags and hands each call's
+text to mlx-lm's parser. A forced call (OpenAI `tool_choice` "required" or a
+named function, Anthropic "any" or "tool") is a grammar: the tags around JSON
+valid under the tools' parameter schemas, decoded inside speculation like any
+structured output. That needs a format whose call body is JSON (mlx-lm's
+json_tools: Qwen 2.5 / 3, the built-in pair); others answer forced calls with
+a 422 that says so.
+"""
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..engine.grammar import JSON_LAYOUT, Grammar
+from .errors import ApiError
+from .render import partial_suffix
+from .structured import checked
+
+JSON_BODY_PARSERS = ("mlx_lm.tool_parsers.json_tools",)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # a JSON object's text, as both protocols send it
+
+    @property
+    def input(self) -> dict:
+        try:
+            value = json.loads(self.arguments)
+        except json.JSONDecodeError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """What a request's tools mean for one generation."""
+
+    tools: tuple = ()  # OpenAI function tools, for the template (empty: none rendered)
+    parse: bool = False  # cut tool calls out of the output
+    grammar: Optional[Grammar] = None  # a forced call
+    start: Optional[str] = None
+    end: Optional[str] = None
+    parser: Optional[object] = field(default=None, compare=False)
+
+    def split(self, text: str) -> tuple[str, list[ToolCall]]:
+        """(the text outside calls, the calls) of a whole answer."""
+        if not self.parse or not self.start:
+            return text, []
+        streamer = ToolStreamer(self)
+        pieces = streamer.feed(text) + streamer.flush()
+        content = "".join(p for p in pieces if isinstance(p, str))
+        return content, [p for p in pieces if isinstance(p, ToolCall)]
+
+
+def plan_tools(tokenizer, tools: list, choice, parallel: bool = True) -> ToolPlan:
+    """`tools`: OpenAI function tools ({"type": "function", "function": {...}}); `choice`:
+    "none" | "auto" | "required" | a function name (forced) | None (auto when tools)."""
+    if not tools or choice == "none":
+        return ToolPlan()
+    names = [t["function"]["name"] for t in tools]
+    if choice not in (None, "auto", "required") and choice not in names:
+        raise ApiError(400, f"tool_choice names '{choice}', which is not among the tools ({', '.join(names)})",
+                       "tool_choice")
+    start, end = getattr(tokenizer, "tool_call_start", None), getattr(tokenizer, "tool_call_end", None)
+    parser = getattr(tokenizer, "tool_parser", None)
+    if not start or parser is None:
+        if choice in (None, "auto"):
+            return ToolPlan(tuple(tools))  # rendered for the model; its output stays text
+        raise ApiError(422, "this model's chat template has no tool-call format mlx-lm knows, so a call "
+                            "cannot be forced: use tool_choice 'auto' or 'none'", "tool_choice")
+    grammar = None
+    if choice not in (None, "auto"):
+        if getattr(parser, "__module__", "") not in JSON_BODY_PARSERS:
+            raise ApiError(422, f"forcing a tool call needs a JSON call format; this model's is "
+                                f"{getattr(parser, '__module__', '?').rsplit('.', 1)[-1]}: use tool_choice 'auto'",
+                           "tool_choice")
+        chosen = [t for t in tools if choice == "required" or t["function"]["name"] == choice]
+        grammar = checked(_forced_call_grammar(chosen, start, end, parallel and choice == "required"), "tools")
+    return ToolPlan(tuple(tools), True, grammar, start, end, parser)
+
+
+def _forced_call_grammar(tools: list, start: str, end: str, several: bool) -> Grammar:
+    """The tags around {"name": NAME, "arguments": {...}} for one of `tools` (or several calls)."""
+    bodies = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+               "properties": {"name": {"const": t["function"]["name"]},
+                              "arguments": t["function"].get("parameters") or {"type": "object"}}}
+              for t in tools]
+    schema = {**(bodies[0] if len(bodies) == 1 else {"anyOf": bodies}), "x-guidance": JSON_LAYOUT}
+    repeat = "+" if several else ""
+    lark = (f"start: call{repeat}\ncall: {json.dumps(start)} body {json.dumps(end)}\n"
+            f"body: %json {json.dumps(schema)}\n")
+    return Grammar("lark", lark)
+
+
+class ToolStreamer:
+    """Cuts streamed text into text pieces and whole `ToolCall`s. Text that may be
+    the start of a call tag is held back until it is decided."""
+
+    def __init__(self, plan: ToolPlan):
+        self.plan = plan
+        self._held = ""
+        self._inside = False
+
+    def feed(self, text: str) -> list:
+        plan, out = self.plan, []
+        held = self._held + text
+        while held:
+            if self._inside:
+                at = held.find(plan.end)
+                if at < 0:
+                    break
+                out.extend(self._call(held[:at]))
+                held, self._inside = held[at + len(plan.end):], False
+                continue
+            at = held.find(plan.start)
+            if at >= 0:
+                if held[:at]:
+                    out.append(held[:at])
+                held, self._inside = held[at + len(plan.start):], True
+                continue
+            keep = partial_suffix(held, plan.start)
+            if held[: len(held) - keep]:
+                out.append(held[: len(held) - keep])
+            held = held[len(held) - keep:]
+            break
+        self._held = held
+        return out
+
+    def flush(self) -> list:
+        """The end of the answer: an unclosed call is parsed if it can be, else kept as text."""
+        held, self._held = self._held, ""
+        if not held:
+            return []
+        if self._inside:
+            return self._call(held, closed=False)
+        return [held]
+
+    def _call(self, body: str, closed: bool = True) -> list:
+        """The calls mlx-lm's parser reads in one tagged body; a body it cannot read stays text."""
+        try:
+            parsed = self.plan.parser(body, list(self.plan.tools))
+        except Exception:  # the model wrote a malformed call
+            parsed = None
+        calls = [c for c in (parsed if isinstance(parsed, list) else [parsed]) if isinstance(c, dict) and c.get("name")]
+        if not calls:
+            return [self.plan.start + body + (self.plan.end if closed else "")]
+        return [ToolCall(f"call_{uuid.uuid4().hex[:24]}", str(c["name"]), _arguments_text(c.get("arguments")))
+                for c in calls]
+
+
+def _arguments_text(arguments) -> str:
+    if isinstance(arguments, str):
+        return arguments
+    return json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
