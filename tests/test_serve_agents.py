@@ -117,3 +117,91 @@ def test_count_tokens_equals_what_a_messages_call_reads(server):
     counted = a.messages.count_tokens(**kwargs).input_tokens
     m = a.messages.create(max_tokens=2, **kwargs)
     assert counted == m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0) > 20
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"], "additionalProperties": False}
+FILES = {"type": "object", "properties": {"path": {"type": "string", "maxLength": 24}},
+         "required": ["path"], "additionalProperties": False}
+OPENAI_TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                                  "parameters": WEATHER}},
+                {"type": "function", "function": {"name": "read_file", "description": "A file's text",
+                                                  "parameters": FILES}}]
+SCHEMAS = {"get_weather": WEATHER, "read_file": FILES}
+
+
+def reassemble(chunks):
+    """OpenAI streamed tool-call deltas put back together by index; and the finish reason."""
+    calls, finish = {}, None
+    for chunk in chunks:
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        for d in choice.delta.tool_calls or []:
+            call = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+            call["id"] = d.id or call["id"]
+            call["name"] += (d.function.name or "") if d.function else ""
+            call["arguments"] += (d.function.arguments or "") if d.function else ""
+        finish = choice.finish_reason or finish
+    return [calls[i] for i in sorted(calls)], finish
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "read_file"}}],
+                         ids=["required", "named"])
+def test_openai_agent_loop(server, choice):
+    client = oai(server)
+    messages = [{"role": "user", "content": "What is the weather in Paris? Use a tool."}]
+    ask = dict(model="gpt-4o", messages=messages, tools=OPENAI_TOOLS, tool_choice=choice, max_tokens=80,
+               temperature=0, parallel_tool_calls=False)
+    r = client.chat.completions.create(**ask)
+    assert r.choices[0].finish_reason == "tool_calls"
+    [call] = r.choices[0].message.tool_calls
+    if isinstance(choice, dict):
+        assert call.function.name == "read_file"
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    streamed, finish = reassemble(client.chat.completions.create(**ask, stream=True))
+    assert finish == "tool_calls"
+    assert [(c["name"], json.loads(c["arguments"])) for c in streamed] == [
+        (call.function.name, json.loads(call.function.arguments))]
+    messages += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                 {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 degrees"}]
+    answer = client.chat.completions.create(model="gpt-4o", messages=messages, tools=OPENAI_TOOLS, max_tokens=12)
+    assert answer.choices[0].message.content and answer.choices[0].finish_reason in ("stop", "length")
+
+
+def test_tool_choice_none_and_unknown_names(server):
+    client = oai(server)
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], tools=OPENAI_TOOLS,
+                                       tool_choice="none", max_tokens=8)
+    assert r.choices[0].message.tool_calls is None
+    bad = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": OPENAI_TOOLS,
+        "tool_choice": {"type": "function", "function": {"name": "nope"}}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tool_choice"
+
+
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}], ids=["any", "tool"])
+def test_anthropic_agent_loop(server, choice):
+    import anthropic
+
+    a = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in OPENAI_TOOLS]
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    ask = dict(model="claude-sonnet-4-5", max_tokens=80, messages=messages, tools=tools,
+               tool_choice={**choice, "disable_parallel_tool_use": True})
+    m = a.messages.create(**ask)
+    assert m.stop_reason == "tool_use"
+    [use] = [b for b in m.content if b.type == "tool_use"]
+    if choice["type"] == "tool":
+        assert use.name == "get_weather"
+    jsonschema.validate(use.input, SCHEMAS[use.name])
+    with a.messages.stream(**ask) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use"
+    assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == [(use.name, use.input)]
+    messages += [{"role": "assistant", "content": m.content},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}]}]
+    answer = a.messages.create(model="claude-sonnet-4-5", max_tokens=12, messages=messages, tools=tools)
+    assert answer.content[0].type == "text" and answer.stop_reason in ("end_turn", "max_tokens")
