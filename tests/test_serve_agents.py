@@ -205,3 +205,50 @@ def test_anthropic_agent_loop(server, choice):
                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}]}]
     answer = a.messages.create(model="claude-sonnet-4-5", max_tokens=12, messages=messages, tools=tools)
     assert answer.content[0].type == "text" and answer.stop_reason in ("end_turn", "max_tokens")
+
+
+RESPONSES_TOOLS = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
+                    "parameters": t["function"]["parameters"], "strict": True} for t in OPENAI_TOOLS]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "read_file"}], ids=["required", "named"])
+def test_responses_agent_loop_through_previous_response_id(server, choice):
+    client = oai(server)
+    first = client.responses.create(model="gpt-5-codex", instructions="Answer with a tool call.",
+                                    input="What is the weather in Paris?", tools=RESPONSES_TOOLS, tool_choice=choice,
+                                    parallel_tool_calls=False, max_output_tokens=80, temperature=0)
+    assert first.status == "completed"
+    [call] = [o for o in first.output if o.type == "function_call"]
+    if isinstance(choice, dict):
+        assert call.name == "read_file"
+    jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+    with client.responses.stream(model="gpt-5-codex", instructions="Answer with a tool call.",
+                                 input="What is the weather in Paris?", tools=RESPONSES_TOOLS, tool_choice=choice,
+                                 parallel_tool_calls=False, max_output_tokens=80, temperature=0) as stream:
+        arguments = "".join(e.delta for e in stream if e.type == "response.function_call_arguments.delta")
+        final = stream.get_final_response()
+    [streamed] = [o for o in final.output if o.type == "function_call"]
+    assert (streamed.name, json.loads(arguments)) == (call.name, json.loads(call.arguments))
+    second = client.responses.create(model="gpt-5-codex", previous_response_id=first.id, tools=RESPONSES_TOOLS,
+                                     input=[{"type": "function_call_output", "call_id": call.call_id,
+                                             "output": "sunny, 21 degrees"}], max_output_tokens=12)
+    assert second.output and second.usage.input_tokens > first.usage.input_tokens
+    assert client.responses.retrieve(second.id).id == second.id
+
+
+def test_responses_store_false_and_unknown_ids_are_404(server):
+    client = oai(server)
+    kept = client.responses.create(model="m", input="hello", store=False, max_output_tokens=3)
+    for ask in (lambda: client.responses.retrieve(kept.id),
+                lambda: client.responses.create(model="m", previous_response_id=kept.id, input="x"),
+                lambda: client.responses.create(model="m", previous_response_id="resp_never", input="x")):
+        with pytest.raises(openai.NotFoundError):
+            ask()
+
+
+def test_responses_text_format_json_schema(server):
+    client = oai(server)
+    r = client.responses.create(model="m", input="Plan a trip.", max_output_tokens=80, temperature=0,
+                                text={"format": {"type": "json_schema", "name": "trip", "schema": SCHEMA,
+                                                 "strict": True}})
+    jsonschema.validate(json.loads(r.output_text), SCHEMA)

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import anthropic, openai
+from . import anthropic, openai, responses
 from .drain import Drain, retry_after_s
 from .errors import ApiError
 from .jobs import collect
@@ -28,7 +28,8 @@ from .settings import ServeSettings
 
 log = logging.getLogger("dflash2.serve")
 
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/models",
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
+          "/v1/models",
           "/health", "/metrics")
 OPEN_PATHS = ("/health",)  # answered without a key: load balancers and supervisors poll it
 
@@ -39,6 +40,7 @@ def create_app(service: EngineService, settings: ServeSettings, drain: Drain = N
     tokenizer = service.tokenizer
     drain = drain or Drain()
     created = int(time.time())
+    store = responses.ResponseStore()
 
     async def health(request: Request) -> Response:
         if drain.draining:  # a load balancer takes this instance out
@@ -89,6 +91,20 @@ def create_app(service: EngineService, settings: ServeSettings, drain: Drain = N
             return Response(status_code=499)
         return JSONResponse(answer.whole(text, tokens, fin))
 
+    async def create_response(request: Request) -> Response:
+        call = responses.parse(await read_json(request, settings.max_body_bytes), tokenizer, settings, store)
+        job = submit(service, call.request)
+        answer = responses.Answer(call, settings.model_id)
+        if call.stream:
+            return StreamingResponse(answer.stream(job, store), media_type="text/event-stream")
+        text, _, fin = await collect(job, request.is_disconnected)
+        if fin is None:
+            return Response(status_code=499)
+        return JSONResponse(answer.whole(text, fin, store))
+
+    async def get_response(request: Request) -> Response:
+        return JSONResponse(store.get(request.path_params["id"], "response_id")[0])
+
     async def count_tokens(request: Request) -> Response:
         body = await read_json(request, settings.max_body_bytes)
         return JSONResponse(anthropic.count_tokens(body, tokenizer, settings))
@@ -107,6 +123,8 @@ def create_app(service: EngineService, settings: ServeSettings, drain: Drain = N
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/messages", messages, methods=["POST"]),
             Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+            Route("/v1/responses", create_response, methods=["POST"]),
+            Route("/v1/responses/{id}", get_response, methods=["GET"]),
         ],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error},
         lifespan=lifespan,

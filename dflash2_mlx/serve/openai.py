@@ -36,7 +36,7 @@ class Call:
 
 
 def parse_chat(body: dict, tokenizer, settings: ServeSettings) -> Call:
-    messages = [_message(m, i) for i, m in enumerate(get(body, "messages", list, required=True))]
+    messages = [read_message(m, i) for i, m in enumerate(get(body, "messages", list, required=True))]
     if not messages:
         raise ApiError(400, "'messages' is empty: send at least one message", "messages")
     plan = plan_tools(tokenizer, read_tools(body), read_tool_choice(body),
@@ -94,7 +94,7 @@ def _call(body: dict, ids: list, settings: ServeSettings, chat: bool, think: tup
     return Call(request, chat, stream, include_usage, think, tools)
 
 
-def _message(m, index: int) -> dict:
+def read_message(m, index: int) -> dict:
     """One chat message as the template reads it (text content only)."""
     where = f"messages[{index}]"
     if not isinstance(m, dict):
@@ -105,7 +105,7 @@ def _message(m, index: int) -> dict:
                        f"{where}.role")
     out = {"role": "system" if role == "developer" else role, "content": _text(m.get("content"), where)}
     if role == "assistant" and m.get("tool_calls"):
-        out["tool_calls"] = [_tool_call(c, where) for c in get(m, "tool_calls", list)]
+        out["tool_calls"] = [read_tool_call(c, where) for c in get(m, "tool_calls", list)]
     for key in ("tool_call_id", "name"):
         if isinstance(m.get(key), str):
             out[key] = m[key]
@@ -150,7 +150,7 @@ def _text(content, where: str) -> str:
     raise ApiError(400, f"'{where}.content' must be a string or an array of text parts", f"{where}.content")
 
 
-def _tool_call(call, where: str) -> dict:
+def read_tool_call(call, where: str) -> dict:
     # Templates expect the arguments as an object; the protocol sends a JSON string.
     if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
         raise ApiError(400, f"'{where}.tool_calls' entries need a 'function' object", f"{where}.tool_calls")
