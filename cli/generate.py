@@ -1,6 +1,8 @@
 """`dflash2 generate`: one completion, streamed or as one JSON object."""
 
 import json
+from pathlib import Path
+from typing import Optional
 
 from . import distributed
 from . import closing
@@ -45,7 +47,7 @@ def generate(
     o.check_max_tokens(max_tokens)
     o.check_tree(tree)
     block_size = o.parse_block_size(block_size)
-    grammar = o.read_grammar(json_schema, regex, 0 if ar else tree)
+    grammar = read_grammar(json_schema, regex, 0 if ar else tree)
     if ar and (block_size != "auto" or draft_quant or tree):
         import warnings
 
@@ -98,3 +100,27 @@ def generate(
     else:
         closing.print_closing(last.stats)
 
+
+def read_grammar(json_schema: Optional[Path], regex: Optional[str], tree: int):
+    """The `Grammar` of --json-schema FILE or --regex (None for neither), compiled now, before a
+    model loads, so a bad schema is one line at once."""
+    from dflash2_mlx.errors import DFlashError
+
+    if json_schema is None and regex is None:
+        return None
+    if json_schema is not None and regex is not None:
+        raise DFlashError("--json-schema and --regex both constrain the output: pass one of them")
+    if tree:
+        raise DFlashError("structured output cannot verify trees yet: drop --tree (the chain drafts under the grammar)")
+    from dflash2_mlx.engine.grammar import Grammar
+
+    if regex is not None:
+        grammar = Grammar.regex(regex)
+    else:
+        try:
+            text = json_schema.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise DFlashError(f"cannot read --json-schema {json_schema}: {getattr(e, 'strerror', None) or e}") from None
+        grammar = Grammar.json_schema(text)
+    grammar.compiled()
+    return grammar

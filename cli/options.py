@@ -224,31 +224,6 @@ def read_prompt(prompt: Optional[str]) -> str:
     return read_stdin() if prompt == "-" else check_text(prompt, "--prompt")
 
 
-def read_grammar(json_schema: Optional[Path], regex: Optional[str], tree: int):
-    """The `Grammar` of --json-schema FILE or --regex (None for neither), compiled now, before a
-    model loads, so a bad schema is one line at once."""
-    from dflash2_mlx.errors import DFlashError
-
-    if json_schema is None and regex is None:
-        return None
-    if json_schema is not None and regex is not None:
-        raise DFlashError("--json-schema and --regex both constrain the output: pass one of them")
-    if tree:
-        raise DFlashError("structured output cannot verify trees yet: drop --tree (the chain drafts under the grammar)")
-    from dflash2_mlx.engine.grammar import Grammar
-
-    if regex is not None:
-        grammar = Grammar.regex(regex)
-    else:
-        try:
-            text = json_schema.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise DFlashError(f"cannot read --json-schema {json_schema}: {getattr(e, 'strerror', None) or e}") from None
-        grammar = Grammar.json_schema(text)
-    grammar.compiled()
-    return grammar
-
-
 # -- prefill progress (generate, chat) -------------------------------------------------------
 PREFILL_QUIET_S = 2.0  # a prefill shorter than this draws nothing
 

@@ -6,24 +6,25 @@ from typing import Callable, Optional
 import mlx.core as mx
 
 from ..drafter.propose import propose
-from ..grammar import GrammarState, masked
 from ..pair import Pair
 from ..sampling import SamplingParams
 from .constrained import grammar_propose
 from .profile import CycleProfiler
+from .rows import RowRule
 from .state import CycleOutcome, DecodeCache, LastVerify
 from .verify import accept_greedy, accept_sampled
 
 
 def chain_cycle(pair: Pair, cache: DecodeCache, anchor: int, pending: Optional[mx.array], keys: tuple,
-                grammar: Optional[GrammarState] = None, *, block: int, sampling: SamplingParams,
+                rule: Optional[RowRule] = None, *, block: int, sampling: SamplingParams,
                 transform: Callable, left: int, profiler: CycleProfiler) -> CycleOutcome:
     """Draft `block - 1` tokens after `anchor`, verify them, commit at most `left`.
 
     `pending`: features of committed rows the drafter has not seen (it takes
     them into its cache now); `keys`: (draft, accept) PRNG keys, None when greedy.
-    `grammar`: drafts only what it allows (maybe fewer), and every verified row
-    is masked by it (constrained.py).
+    `rule` (rows.py): what each verified row's distribution is (logits processors
+    with the row's own prefix, the grammar's mask); under a grammar the draft
+    holds only what it allows (constrained.py).
     """
     target, drafter = pair.target, pair.drafter
     k_draft, k_accept = keys
@@ -31,7 +32,7 @@ def chain_cycle(pair: Pair, cache: DecodeCache, anchor: int, pending: Optional[m
     ids = mx.array([[anchor] + [pair.mask_token_id] * (block - 1)], dtype=mx.int32)
     hidden, draft_logits = drafter.draft(ids, pending, cache.drafter, target)
     profiler.lap("draft", draft_logits)
-    masks = None
+    masks, grammar = None, rule.grammar if rule is not None else None
     if grammar is None:
         prop = propose(drafter, draft_logits, hidden, anchor, sampling, transform, k_draft, pair.selector_transform)
         # Start the drafter now and build the verify graph while it runs.
@@ -43,7 +44,7 @@ def chain_cycle(pair: Pair, cache: DecodeCache, anchor: int, pending: Optional[m
     verify_in = mx.concatenate([mx.array([anchor], dtype=mx.int32), prop.draft])[None]
     logits, features, undo = target.forward_undoable(verify_in, cache.target, pair.layer_ids)
     profiler.lap("verify", logits, features)
-    rows = logits[0] if masks is None else masked(logits[0], masks)
+    rows = logits[0] if rule is None else rule.block(logits[0], cache.tokens, prop.draft, masks)
     if sampling.greedy:
         a, bonus = accept_greedy(prop.draft, rows)
     else:
@@ -56,5 +57,6 @@ def chain_cycle(pair: Pair, cache: DecodeCache, anchor: int, pending: Optional[m
         tokens, keep = tokens[:left], left
     target.rollback(cache.target, undo, keep)
     drafted = prop.draft.size
-    return CycleOutcome(tokens, accepted=a, drafted=drafted, verify_rows=drafted + 1,
+    logprobs = rule.logprobs(rows, tokens) if rule is not None else None
+    return CycleOutcome(tokens, accepted=a, drafted=drafted, verify_rows=drafted + 1, logprobs=logprobs,
                         features=features[:, :keep], undo=LastVerify.after_rollback(target, undo, keep))

@@ -7,18 +7,19 @@ returns a `CycleOutcome`, and one tail commits it and yields a `DecodeStep`
 is `--ar`. The loop leaves its caches consistent when closed early.
 """
 
-from typing import Callable, Generator, Optional
+from typing import Callable, Generator, Optional, Sequence
 
 import mlx.core as mx
 
 from ...errors import DFlashError
-from ..grammar import GrammarState, masked
+from ..grammar import GrammarState
 from ..pair import Pair
 from ..sampling import SamplingParams, make_key, make_logprobs_transform, split_key, token_sampler
 from ..tree.cycle import tree_cycle, tree_rows_for
 from .chain import chain_cycle
 from .plain import PlainStep
 from .profile import CycleProfiler
+from .rows import RowRule
 from .state import FLUSH_ROWS, Choice, CycleOutcome, DecodeCache, DecodeStep, FixedBlock, PendingFeatures
 
 __all__ = ["DecodeCache", "DecodeStep", "generate_step", "speculative_generate_step",
@@ -39,32 +40,32 @@ def generate_step(
     policy=None,
     prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
     grammar: Optional[GrammarState] = None,
+    logits_processors: Sequence[Callable] = (),
+    top_logprobs: Optional[int] = None,
 ) -> Generator[DecodeStep, None, None]:
     """Lossless decoding of `pair`; yields one step per target pass.
 
-    `block_size` (default: the checkpoint's) counts the anchor, so each cycle
-    drafts `block_size - 1` tokens. `policy` (`choose(tokens_left)` ->
-    a `Choice`, `record(choice)`, `observe(drafted, accepted)`, e.g. an
-    `adaptive.BlockPolicy`), when given, picks every cycle's block size
-    instead. `tree_rows` > 0 verifies a tree of that many rows from the
-    drafter's lattice instead of the chain (docs/tree.md). `prompt_cache`,
-    when given, already holds earlier context; `prompt` then starts with the
-    cache's last committed token (committed, never run) then the new tokens.
-    `prompt_progress_callback(done, total)`: mlx-lm's, called through the prefill.
-    `grammar`, a fresh `GrammarState`, masks the target's distribution as
-    constrained plain decoding does (docs/structured.md); it ends when complete.
+    `block_size` (default: the checkpoint's) counts the anchor. `policy`
+    (`choose(tokens_left)` -> a `Choice`, `record`, `observe(drafted, accepted)`,
+    e.g. an `adaptive.BlockPolicy`) picks every cycle's block size instead.
+    `tree_rows` > 0 verifies trees from the drafter's lattice (docs/tree.md).
+    `prompt_cache` holds earlier context; `prompt` then starts with its last
+    committed token. `prompt_progress_callback(done, total)`: mlx-lm's.
+    `grammar` (a fresh `GrammarState`, docs/structured.md), `logits_processors`
+    (mlx-lm's bias and penalties) and `top_logprobs` k: rows.py.
     """
     drafter, block, prompt = pair.drafter, pair.block_size(block_size), _check_prompt(prompt)
     cache = _cache_for(prompt, pair, prompt_cache)
     profiler = profiler or CycleProfiler()
     transform = make_logprobs_transform(sampling)
     tree_rows = tree_rows_for(pair, tree_rows) if drafter is not None else 0
-    sample = _constrained(token_sampler(sampling, transform), grammar, tree_rows)
+    sample, rule = token_sampler(sampling, transform), _row_rule(grammar, logits_processors, top_logprobs, tree_rows)
     if policy is None or tree_rows:  # the cost model is the chain's: a tree drafts the fixed block
         policy = FixedBlock(block)
     key, sub = split_key(make_key(sampling))
-    plain = PlainStep(sample(_prefill(prompt, pair, cache, prefill_step_size, prompt_progress_callback), sub), rows=0)
+    last = _prefill(prompt, pair, cache, prefill_step_size, prompt_progress_callback)
     cache.record_prompt(prompt)
+    plain = PlainStep.sampled(last, cache, sample, sub, rule, rows=0)
     pending, left, choice, anchor = PendingFeatures(), max_tokens, None, None
     try:
         while True:
@@ -73,7 +74,7 @@ def generate_step(
                 # next step can be launched first.
                 choice = _decide(policy, left - 1)
                 ahead = None
-                if choice is not None and choice.block == 1 and grammar is None:
+                if choice is not None and choice.block == 1 and rule is None:
                     key, sub = split_key(key)
                     ahead = PlainStep.launch(pair, cache, plain.token, sample, sub)
                 outcome, plain = plain.finish(profiler), ahead
@@ -83,7 +84,7 @@ def generate_step(
                 if tree_rows:
                     outcome = tree_cycle(pair, cache, anchor, pending.take(), rows=tree_rows, key=k_accept, **cycle)
                 else:
-                    outcome = chain_cycle(pair, cache, anchor, pending.take(), (k_draft, k_accept), grammar, **cycle)
+                    outcome = chain_cycle(pair, cache, anchor, pending.take(), (k_draft, k_accept), rule, **cycle)
                 choice = None
             left = _commit(outcome, cache, pending, policy, drafter, left, grammar)
             yield outcome.step()
@@ -94,7 +95,7 @@ def generate_step(
                 choice = _decide(policy, left)
             if plain is None and choice is not None and choice.block == 1:
                 key, sub = split_key(key)
-                plain = PlainStep.launch(pair, cache, mx.array([anchor], dtype=mx.int32), sample, sub)
+                plain = PlainStep.launch(pair, cache, mx.array([anchor], dtype=mx.int32), sample, sub, rule)
             if plain is None and choice is None:
                 return
     finally:
@@ -106,13 +107,14 @@ def generate_step(
             pending.flush(drafter, cache, wait=True)
 
 
-def _constrained(sample: Callable, grammar: Optional[GrammarState], tree_rows: int) -> Callable:
-    """The plain steps' sampler, masked by the grammar's state when the step launches."""
-    if grammar is None:
-        return sample
+def _row_rule(grammar, processors, top_logprobs, tree_rows: int) -> Optional[RowRule]:
+    """The rows' rule (rows.py), None when the raw target rows are decoded as they are."""
+    if grammar is None and not processors and top_logprobs is None:
+        return None
     if tree_rows:
-        raise DFlashError("structured output cannot verify trees yet: drop --tree (the chain drafts under the grammar)")
-    return lambda logits, key: sample(masked(logits, grammar.allowed()), key)
+        raise DFlashError("structured output, logprobs, logit bias and penalties cannot verify trees yet: "
+                          "drop --tree (the chain decodes them)")
+    return RowRule(processors, grammar, top_logprobs)
 
 
 def _decide(policy, tokens_left: int) -> Optional[Choice]:
@@ -156,13 +158,14 @@ def autoregressive_generate_step(
     prefill_step_size: int = 2048,
     prompt_cache: Optional[DecodeCache] = None,
     prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
-    grammar: Optional[GrammarState] = None,
+    **rows,
 ) -> Generator[DecodeStep, None, None]:
     """Plain decoding through the same loop and sampling code, for baselines
-    (`--ar`); a drafter in `pair` is ignored."""
+    (`--ar`); a drafter in `pair` is ignored. `rows`: generate_step's grammar,
+    logits_processors and top_logprobs."""
     return generate_step(prompt, pair.without_drafter(), max_tokens=max_tokens, sampling=sampling,
                          prefill_step_size=prefill_step_size, prompt_cache=prompt_cache,
-                         prompt_progress_callback=prompt_progress_callback, grammar=grammar)
+                         prompt_progress_callback=prompt_progress_callback, **rows)
 
 
 def _prefill(prompt: mx.array, pair: Pair, cache: DecodeCache, prefill_step_size: int,

@@ -16,6 +16,7 @@ import mlx.core as mx
 from ..pair import Pair
 from ..target.adapter import Undo
 from .profile import CycleProfiler
+from .rows import RowRule
 from .state import CycleOutcome, DecodeCache
 
 
@@ -27,19 +28,33 @@ class PlainStep:
     features: Optional[mx.array] = None  # [1, 1, F] of the row this pass ran (None: no drafter)
     undo: Optional[Undo] = None  # how to take the row back out of the target cache
     rows: int = 1  # target rows run; 0 for the prefill's first token
+    row: Optional[mx.array] = None  # the decoded row [V], when log-probabilities are reported
+    rule: Optional[RowRule] = None
 
     @classmethod
-    def launch(cls, pair: Pair, cache: DecodeCache, token: mx.array, sample: Callable, key) -> "PlainStep":
-        """Run `token` through the target and start sampling what follows it."""
+    def launch(cls, pair: Pair, cache: DecodeCache, token: mx.array, sample: Callable, key,
+               rule: Optional[RowRule] = None) -> "PlainStep":
+        """Run `token` through the target and start sampling what follows it
+        (`rule`, when it reads the tokens, needs `token` committed in `cache`)."""
         logits, features, undo = pair.target.forward_undoable(token.reshape(1, 1), cache.target, pair.layer_ids)
-        y = sample(logits[0, -1], key)
+        return cls.sampled(logits[0, -1], cache, sample, key, rule, features=features, undo=undo)
+
+    @classmethod
+    def sampled(cls, row: mx.array, cache: DecodeCache, sample: Callable, key, rule: Optional[RowRule],
+                **fields) -> "PlainStep":
+        """The step that samples from target row [V] after the tokens committed in `cache`."""
+        if rule is not None:
+            row = rule.plain(row, cache.tokens)
+        y = sample(row, key)
         mx.async_eval(y)
-        return cls(y, features, undo)
+        keep = rule if rule is not None and rule.top_logprobs is not None else None
+        return cls(y, row=row if keep else None, rule=keep, **fields)
 
     def finish(self, profiler: CycleProfiler) -> CycleOutcome:
         """Fetch the token: the step's one host sync (the prefill's is not a decode pass)."""
         token = profiler.fetch(self.token, "plain") if self.rows else self.token.item()
-        return CycleOutcome((token,), verify_rows=self.rows, features=self.features)
+        logprobs = self.rule.logprobs(self.row[None], [token]) if self.rule is not None else None
+        return CycleOutcome((token,), verify_rows=self.rows, features=self.features, logprobs=logprobs)
 
     def cancel(self, pair: Pair, cache: DecodeCache) -> None:
         """Undo a look-ahead that will not be committed (the loop was closed)."""

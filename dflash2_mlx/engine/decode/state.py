@@ -29,6 +29,7 @@ class DecodeStep:
     drafted: int = 0  # draft positions in this pass (B - 1, a tree's depth); 0 for prefill/plain
     accepted: int = 0  # of those, how many the target accepted
     verify_rows: int = 0  # rows the target ran (B, a tree's rows, 1 for a plain step); 0 for prefill
+    logprobs: Optional[tuple] = None  # a rows.TokenLogprobs per token, when asked for
 
 
 @dataclass(frozen=True)
@@ -78,10 +79,11 @@ class CycleOutcome:
     verify_rows: int = 1  # rows the target ran
     features: Optional[mx.array] = None  # [1, n, F] of the rows now in the target cache, for the drafter
     undo: Optional[LastVerify] = None  # for a recurrent target: how to cut into this block later
+    logprobs: Optional[tuple] = None  # a rows.TokenLogprobs per token, when asked for
 
     def step(self) -> DecodeStep:
         flags = ((True,) * self.accepted + (False,))[: len(self.tokens)]
-        return DecodeStep(self.tokens, flags, self.drafted, self.accepted, self.verify_rows)
+        return DecodeStep(self.tokens, flags, self.drafted, self.accepted, self.verify_rows, self.logprobs)
 
 
 @dataclass(frozen=True)
