@@ -17,6 +17,7 @@ from ..engine.adaptive.calibrate import Calibration, measure
 from ..engine.decode.loop import DecodeCache, autoregressive_generate_step, speculative_generate_step
 from ..engine.pair import Pair
 from ..engine.decode.profile import CycleProfiler
+from ..engine.decode.rows import TokenLogprobs
 from ..engine.grammar import Grammar, GrammarState
 from ..engine.sampling import SamplingParams
 from ..errors import DFlashError
@@ -37,6 +38,7 @@ class GenerationResponse:
     peak_memory: float  # GB
     finish_reason: Optional[str] = None  # "stop" (EOS or stop string) or "length"
     stats: Optional[GenerationStats] = None  # on the final response only
+    logprobs: Optional[TokenLogprobs] = None  # when `top_logprobs` was asked for
 
 
 def encode_prompt(tokenizer, prompt: Union[str, Sequence[int]]) -> list[int]:
@@ -63,6 +65,8 @@ def stream_generate(
     tree_rows: int = 0,
     prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
     grammar: Optional[Grammar] = None,
+    logits_processors: Sequence[Callable] = (),
+    top_logprobs: Optional[int] = None,
 ) -> Generator[GenerationResponse, None, None]:
     """Stream a completion; DFlash / DFlash 2 when `pair` has a drafter, else plain decoding.
 
@@ -78,7 +82,10 @@ def stream_generate(
     `prompt_cache` included) raises `PromptTooLongError` before any of it
     runs; generation stops, as at `max_tokens`, when the context is full.
     `grammar` (a JSON schema, a regex; engine/grammar.py) constrains the output
-    exactly as constrained plain decoding would, inside speculation.
+    exactly as constrained plain decoding would, inside speculation;
+    `logits_processors` (mlx-lm's `make_logits_processors`: logit bias,
+    penalties) apply to every verified row with its own prefix; `top_logprobs`
+    k fills each response's `logprobs` (the token's and the k most likely).
     """
     if max_tokens < 1:
         raise DFlashError(f"max_tokens {max_tokens} must be at least 1")
@@ -89,6 +96,7 @@ def stream_generate(
     max_tokens = max_tokens if room is None else min(max_tokens, room)  # a full context ends it ("length")
     eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
     state = GrammarState(grammar, tokenizer, pair.target.vocab_size) if grammar is not None else None
+    rows = dict(grammar=state, logits_processors=tuple(logits_processors), top_logprobs=top_logprobs)
     profiler = profiler or CycleProfiler()
     auto = auto_decides(pair, block_size, tree_rows)
     B = pair.block_size(None if auto or block_size == "auto" else block_size)
@@ -102,14 +110,14 @@ def stream_generate(
         steps = autoregressive_generate_step(
             ids, pair, max_tokens=max_tokens, sampling=sampling,
             prefill_step_size=prefill_step_size, prompt_cache=prompt_cache,
-            prompt_progress_callback=prompt_progress_callback, grammar=state,
+            prompt_progress_callback=prompt_progress_callback, **rows,
         )
     else:
         steps = speculative_generate_step(
             ids, pair, max_tokens=max_tokens, block_size=B, sampling=sampling,
             prefill_step_size=prefill_step_size, prompt_cache=prompt_cache, profiler=profiler,
             tree_rows=tree_rows,
-            policy=policy, prompt_progress_callback=prompt_progress_callback, grammar=state,
+            policy=policy, prompt_progress_callback=prompt_progress_callback, **rows,
         )
     detok = IncrementalDetokenizer(tokenizer, ids)
     stopper = StopMatcher(stop)
@@ -125,7 +133,7 @@ def stream_generate(
                 prompt_time = decode_start - tic
                 mark = clock.mark() if clock is not None else None
             kept = 0
-            for token, drafted in zip(step.tokens, step.from_draft):
+            for i, (token, drafted) in enumerate(zip(step.tokens, step.from_draft)):
                 n += 1
                 kept += 1
                 text, finish = _next_text(token, n, max_tokens, eos, detok, stopper)
@@ -136,6 +144,7 @@ def stream_generate(
                     generation_tokens=n,
                     generation_tps=(n - 1) / elapsed if n > 1 and elapsed > 0 else 0.0,
                     peak_memory=mx.get_peak_memory() / 1e9,
+                    logprobs=step.logprobs[i] if step.logprobs else None,
                 )
                 if finish:
                     if index > 0:
