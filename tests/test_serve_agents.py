@@ -252,3 +252,88 @@ def test_responses_text_format_json_schema(server):
                                 text={"format": {"type": "json_schema", "name": "trip", "schema": SCHEMA,
                                                  "strict": True}})
     jsonschema.validate(json.loads(r.output_text), SCHEMA)
+
+
+@pytest.fixture(scope="module")
+def builtin_pair():
+    from dflash2_mlx import load_pair
+
+    return load_pair("builtin", "builtin")
+
+
+def mlx_lm_plain(pair, tokenizer, prompt, n, **logits):
+    """Greedy plain decoding by mlx-lm with its logits processors: (tokens, logprob rows)."""
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_logits_processors
+
+    out = []
+    for token, lp in generate_step(mx.array(tokenizer.encode(prompt)), pair.target.model, max_tokens=n,
+                                   sampler=lambda x: mx.argmax(x, axis=-1),
+                                   logits_processors=make_logits_processors(**logits)):
+        out.append((int(token), np.array(lp, dtype=np.float32)))
+        if int(token) in tokenizer.eos_token_ids:
+            break
+    return [t for t, _ in out], [r for _, r in out]
+
+
+def test_completions_logprobs_equal_plain_decoding(server, builtin_pair):
+    pair, tokenizer = builtin_pair
+    prompt = "def fib(n):\n    "
+    tokens, rows = mlx_lm_plain(pair, tokenizer, prompt, 16)
+    r = oai(server).completions.create(model="m", prompt=prompt, max_tokens=16, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text == tokenizer.decode(tokens)
+    assert len(lp.token_logprobs) == len(tokens)
+    for got, token, row, top in zip(lp.token_logprobs, tokens, rows, lp.top_logprobs):
+        assert abs(got - float(row[token])) < 1e-5
+        assert len(top) == 3 and max(top.values()) == pytest.approx(float(row.max()), abs=1e-5)
+
+
+def test_chat_logprobs_stream_and_whole_agree(server):
+    client = oai(server)
+    ask = dict(model="m", messages=[{"role": "user", "content": "def add(a, b):"}], max_tokens=12, temperature=0,
+               logprobs=True, top_logprobs=2)
+    whole = client.chat.completions.create(**ask).choices[0].logprobs.content
+    streamed = [e for c in client.chat.completions.create(**ask, stream=True)
+                if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, round(e.logprob, 5)) for e in streamed] == [(e.token, round(e.logprob, 5)) for e in whole]
+    assert len(whole) == 12 and all(len(e.top_logprobs) == 2 for e in whole)
+
+
+@pytest.mark.parametrize("logits", [dict(presence_penalty=2.0), dict(frequency_penalty=1.0),
+                                    dict(repetition_penalty=1.6)], ids=["presence", "frequency", "repetition"])
+def test_greedy_penalties_equal_penalised_plain_decoding(server, builtin_pair, logits):
+    pair, tokenizer = builtin_pair
+    prompt = "for i in range(10):\n    "
+    tokens, _ = mlx_lm_plain(pair, tokenizer, prompt, 40, **{**logits, **{
+        k.replace("penalty", "context_size"): 20 for k in logits}})
+    plain, _ = mlx_lm_plain(pair, tokenizer, prompt, 40)
+    assert tokens != plain
+    r = oai(server).completions.create(model="m", prompt=prompt, max_tokens=40, temperature=0, extra_body=logits)
+    assert r.choices[0].text == tokenizer.decode(tokens)
+    assert r.usage.dflash2["accepted"] > 0
+
+
+def test_logit_bias_bans_a_token(server, builtin_pair):
+    pair, tokenizer = builtin_pair
+    prompt = "import os\nimport "
+    plain, _ = mlx_lm_plain(pair, tokenizer, prompt, 20)
+    banned = plain[0]
+    r = oai(server).completions.create(model="m", prompt=prompt, max_tokens=20, temperature=0,
+                                       logit_bias={str(banned): -100}, logprobs=0)
+    assert banned not in [tokenizer.encode(t)[0] for t in r.choices[0].logprobs.tokens if t]
+    want, _ = mlx_lm_plain(pair, tokenizer, prompt, 20, logit_bias={banned: -100.0})
+    assert r.choices[0].text == tokenizer.decode(want)
+
+
+@pytest.mark.parametrize("body,status,param", [
+    ({"n": 2}, 422, "n"), ({"logit_bias": {"x": 1}}, 400, "logit_bias"), ({"logit_bias": {"1": 500}}, 422, "logit_bias"),
+    ({"logit_bias": {"999999": 1}}, 422, "logit_bias"), ({"top_logprobs": 3}, 400, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 50}, 422, "top_logprobs"), ({"presence_penalty": 3}, 422, "presence_penalty")])
+def test_bad_logits_fields(server, body, status, param):
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                   json={"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, **body})
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["param"] == param

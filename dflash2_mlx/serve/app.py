@@ -24,6 +24,7 @@ from .drain import Drain, retry_after_s
 from .errors import ApiError
 from .jobs import collect
 from .service import EngineService, QueueFull, ShuttingDown
+from .sampling_fields import check_vocabulary
 from .settings import ServeSettings
 
 log = logging.getLogger("dflash2.serve")
@@ -72,13 +73,13 @@ def create_app(service: EngineService, settings: ServeSettings, drain: Drain = N
     async def _openai(request: Request, parse) -> Response:
         call = parse(await read_json(request, settings.max_body_bytes), tokenizer, settings)
         job = submit(service, call.request)
-        answer = openai.Answer(call, settings.model_id)
+        answer = openai.Answer(call, settings.model_id, tokenizer)
         if call.stream:
             return StreamingResponse(openai.stream(job, answer), media_type="text/event-stream")
-        text, _, fin = await collect(job, request.is_disconnected)
+        text, deltas, fin = await collect(job, request.is_disconnected)
         if fin is None:  # the client left; nobody reads this
             return Response(status_code=499)
-        return JSONResponse(answer.whole(text, fin))
+        return JSONResponse(answer.whole(text, fin, deltas))
 
     async def messages(request: Request) -> Response:
         call = anthropic.parse_messages(await read_json(request, settings.max_body_bytes), tokenizer, settings)
@@ -86,21 +87,21 @@ def create_app(service: EngineService, settings: ServeSettings, drain: Drain = N
         answer = anthropic.Answer(call, settings.model_id, tokenizer)
         if call.stream:
             return StreamingResponse(answer.stream(job), media_type="text/event-stream")
-        text, tokens, fin = await collect(job, request.is_disconnected)
+        text, deltas, fin = await collect(job, request.is_disconnected)
         if fin is None:
             return Response(status_code=499)
-        return JSONResponse(answer.whole(text, tokens, fin))
+        return JSONResponse(answer.whole(text, [d.token for d in deltas], fin))
 
     async def create_response(request: Request) -> Response:
         call = responses.parse(await read_json(request, settings.max_body_bytes), tokenizer, settings, store)
         job = submit(service, call.request)
-        answer = responses.Answer(call, settings.model_id)
+        answer = responses.Answer(call, settings.model_id, tokenizer)
         if call.stream:
             return StreamingResponse(answer.stream(job, store), media_type="text/event-stream")
-        text, _, fin = await collect(job, request.is_disconnected)
+        text, deltas, fin = await collect(job, request.is_disconnected)
         if fin is None:
             return Response(status_code=499)
-        return JSONResponse(answer.whole(text, fin, store))
+        return JSONResponse(answer.whole(text, fin, store, deltas))
 
     async def get_response(request: Request) -> Response:
         return JSONResponse(store.get(request.path_params["id"], "response_id")[0])
@@ -135,6 +136,7 @@ def create_app(service: EngineService, settings: ServeSettings, drain: Drain = N
 
 
 def submit(service: EngineService, request):
+    check_vocabulary(request.logits, service.pair.target.vocab_size)
     try:
         return service.submit(request)
     except QueueFull:

@@ -10,6 +10,7 @@ import threading
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Optional, Union
 
+from ..engine.decode.rows import TokenLogprobs
 from ..engine.grammar import Grammar
 from ..engine.sampling import SamplingParams
 from ..text.stats import GenerationStats
@@ -23,6 +24,18 @@ class GenerationRequest:
     sampling: SamplingParams
     stop: tuple[str, ...] = ()
     grammar: Optional[Grammar] = None  # structured output (response_format, a forced tool call)
+    # mlx-lm's make_logits_processors keywords as (name, value) pairs (logit_bias as pairs too),
+    # so the request stays plain data that can be sent to other ranks.
+    logits: tuple = ()
+    top_logprobs: Optional[int] = None  # None: no log-probabilities; k: the token's and the k most likely
+
+    def logits_processors(self) -> list:
+        from mlx_lm.sample_utils import make_logits_processors
+
+        kwargs = dict(self.logits)
+        if "logit_bias" in kwargs:
+            kwargs["logit_bias"] = dict(kwargs["logit_bias"])
+        return make_logits_processors(**kwargs) if kwargs else []
 
 
 @dataclass(frozen=True)
@@ -37,6 +50,7 @@ class Started:
 class Delta:
     text: str  # may be '' while a character is incomplete
     token: int
+    logprobs: Optional[TokenLogprobs] = None
 
 
 @dataclass(frozen=True)
@@ -105,16 +119,15 @@ class Job:
             self.cancelled.set()
 
 
-async def collect(job: Job, gone: Callable[[], Awaitable[bool]]) -> tuple[str, list[int], Optional[Finished]]:
-    """(text, tokens, Finished) of a whole answer; Finished is None when the
-    client left first. A failure comes back as the `Failed` event's error."""
-    pieces, tokens = [], []
+async def collect(job: Job, gone: Callable[[], Awaitable[bool]]) -> tuple[str, list[Delta], Optional[Finished]]:
+    """(text, the Delta of each token, Finished) of a whole answer; Finished is None
+    when the client left first. A failure comes back as the `Failed` event's error."""
+    deltas = []
     async for event in job.events(gone):
         if isinstance(event, Delta):
-            pieces.append(event.text)
-            tokens.append(event.token)
+            deltas.append(event)
         elif isinstance(event, Finished):
-            return "".join(pieces), tokens, event
+            return "".join(d.text for d in deltas), deltas, event
         elif isinstance(event, Failed):
             raise ApiError(event.status, event.message)
-    return "".join(pieces), tokens, None
+    return "".join(d.text for d in deltas), deltas, None

@@ -16,7 +16,8 @@ from .errors import ApiError
 from .fields import get, stop_list
 from .jobs import Delta, Failed, Finished, GenerationRequest, Job, Started
 from .render import ReasoningSplitter, conversation_ids, starts_thinking, think_tags
-from .sampling_fields import check_model, check_prompt_length, read_max_tokens, read_sampling
+from .fields import check_range
+from .sampling_fields import check_model, check_prompt_length, read_logits, read_max_tokens, read_sampling
 from .settings import ServeSettings
 from .structured import read_response_format
 from .tools import ToolCall, ToolPlan, ToolStreamer, plan_tools
@@ -60,7 +61,7 @@ def parse_completion(body: dict, tokenizer, settings: ServeSettings) -> Call:
     else:
         raise ApiError(400, "'prompt' must be a string or an array of token ids (one prompt per request)", "prompt")
     asked = {"echo": bool(body.get("echo")), "suffix": bool(body.get("suffix")),
-             "logprobs": body.get("logprobs") is not None, "best_of": body.get("best_of") not in (None, 1)}
+             "best_of": body.get("best_of") not in (None, 1)}
     for name, used in asked.items():
         if used:
             raise ApiError(422, f"'{name}' is not supported by this server", name)
@@ -72,12 +73,10 @@ def _call(body: dict, ids: list, settings: ServeSettings, chat: bool, think: tup
     check_model(body, settings)
     n = get(body, "n", int, 1)
     if n != 1:
-        raise ApiError(422, f"'n' {n} is not supported: this server returns one choice (n = 1)", "n")
-    for penalty in ("presence_penalty", "frequency_penalty"):
-        if get(body, penalty, float, 0.0) != 0.0:
-            raise ApiError(422, f"'{penalty}' is not supported (it would change the target distribution)", penalty)
-    if chat and get(body, "logprobs", bool, False):
-        raise ApiError(422, "'logprobs' is not supported by this server", "logprobs")
+        raise ApiError(422, f"'n' {n} is not supported: this server returns one choice (n = 1); "
+                            "send n requests", "n")
+    logits = read_logits(body)
+    top = read_top_logprobs(body, chat)
     stream = get(body, "stream", bool, False)
     options = get(body, "stream_options", dict, {}) or {}
     include_usage = bool(get(options, "include_usage", bool, False))
@@ -90,7 +89,7 @@ def _call(body: dict, ids: list, settings: ServeSettings, chat: bool, think: tup
     if grammar is not None and tools.grammar is not None:
         raise ApiError(400, "'response_format' and a forced tool call both constrain the answer: send one of them",
                        "response_format")
-    request = GenerationRequest(tuple(ids), max_tokens, sampling, stop, grammar or tools.grammar)
+    request = GenerationRequest(tuple(ids), max_tokens, sampling, stop, grammar or tools.grammar, logits, top)
     return Call(request, chat, stream, include_usage, think, tools)
 
 
@@ -110,6 +109,22 @@ def read_message(m, index: int) -> dict:
         if isinstance(m.get(key), str):
             out[key] = m[key]
     return out
+
+
+def read_top_logprobs(body: dict, chat: bool):
+    """None, or how many most likely tokens to report beside each token's log-probability:
+    chat's `logprobs: true` with `top_logprobs` 0..20, completions' `logprobs` 0..5."""
+    if chat:
+        top = get(body, "top_logprobs", int)
+        if not get(body, "logprobs", bool, False):
+            if top:
+                raise ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
+            return None
+        check_range("top_logprobs", top, 0, 20)
+        return top or 0
+    top = get(body, "logprobs", int)
+    check_range("logprobs", top, 0, 5)
+    return top
 
 
 def read_tools(body: dict) -> list:
@@ -179,8 +194,9 @@ def usage(fin: Finished) -> dict:
 class Answer:
     """Builds the response objects for one call."""
 
-    def __init__(self, call: Call, model_id: str):
-        self.call, self.model = call, model_id
+    def __init__(self, call: Call, model_id: str, tokenizer=None):
+        self.call, self.model, self.tokenizer = call, model_id, tokenizer
+        self._logprobs: list = []  # streamed entries not yet sent
         prefix = "chatcmpl" if call.chat else "cmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
@@ -192,7 +208,24 @@ class Answer:
         kind = ("chat.completion" if self.call.chat else "text_completion") + (".chunk" if chunk and self.call.chat else "")
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, fin: Finished) -> dict:
+    def logprobs(self, deltas: list) -> Optional[dict]:
+        """The `logprobs` object of these tokens, in the chat or the completions shape."""
+        if self.call.request.top_logprobs is None:
+            return None
+        entries = [(d.token, d.logprobs) for d in deltas if d.logprobs is not None]
+        name = lambda t: self.tokenizer.decode([t])  # noqa: E731
+        if self.call.chat:
+            return {"content": [{"token": name(t), "logprob": lp.logprob, "bytes": list(name(t).encode()),
+                                 "top_logprobs": [{"token": name(i), "logprob": v, "bytes": list(name(i).encode())}
+                                                  for i, v in lp.top]} for t, lp in entries]}
+        offsets, at = [], 0
+        for t, _ in entries:
+            offsets.append(at)
+            at += len(name(t))
+        return {"tokens": [name(t) for t, _ in entries], "token_logprobs": [lp.logprob for _, lp in entries],
+                "top_logprobs": [{name(i): v for i, v in lp.top} for _, lp in entries], "text_offset": offsets}
+
+    def whole(self, text: str, fin: Finished, deltas: list = ()) -> dict:
         if self.call.chat:
             reasoning, content = self.splitter.feed(text)
             r2, c2 = self.splitter.flush()
@@ -204,16 +237,18 @@ class Answer:
             if calls:
                 message["tool_calls"] = [_tool_call_json(c) for c in calls]
                 finish = "tool_calls" if finish == "stop" else finish
-            choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+            choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": self.logprobs(deltas)}
         else:
-            choice = {"index": 0, "text": text, "finish_reason": fin.finish_reason, "logprobs": None}
+            choice = {"index": 0, "text": text, "finish_reason": fin.finish_reason, "logprobs": self.logprobs(deltas)}
         return {**self._envelope(False), "choices": [choice], "usage": usage(fin)}
 
     def chunk(self, delta: Optional[dict] = None, text: str = "", finish: Optional[str] = None) -> str:
+        # Log-probabilities of the tokens streamed so far ride on the next chunk that goes out.
+        logprobs, self._logprobs = (self.logprobs(self._logprobs) if self._logprobs else None), []
         if self.call.chat:
-            choice = {"index": 0, "delta": delta or {}, "finish_reason": finish, "logprobs": None}
+            choice = {"index": 0, "delta": delta or {}, "finish_reason": finish, "logprobs": logprobs}
         else:
-            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
         return sse({**self._envelope(True), "choices": [choice]})
 
     def text_chunks(self, text: str, final: bool = False) -> list[str]:
@@ -254,6 +289,8 @@ async def stream(job: Job, answer: Answer) -> AsyncIterator[str]:
         if isinstance(event, Started) and answer.call.chat:
             yield answer.chunk({"role": "assistant", "content": ""})
         elif isinstance(event, Delta):
+            if event.logprobs is not None:
+                answer._logprobs.append(event)
             for chunk in answer.text_chunks(event.text):
                 yield chunk
         elif isinstance(event, Finished):

@@ -21,7 +21,8 @@ from .fields import get
 from .jobs import Delta, Failed, Finished, GenerationRequest, Job
 from .openai import read_message, read_tool_call
 from .render import ReasoningSplitter, conversation_ids, starts_thinking, think_tags
-from .sampling_fields import check_model, check_prompt_length, read_max_tokens, read_sampling
+from .fields import check_range
+from .sampling_fields import check_model, check_prompt_length, read_logits, read_max_tokens, read_sampling
 from .settings import ServeSettings
 from .structured import read_response_format
 from .tools import ToolCall, ToolPlan, ToolStreamer, plan_tools
@@ -80,8 +81,11 @@ def parse(body: dict, tokenizer, settings: ServeSettings, store: ResponseStore) 
     grammar = read_response_format(get(body, "text", dict, {}), "format")
     if grammar is not None and plan.grammar is not None:
         raise ApiError(400, "'text.format' and a forced tool call both constrain the answer: send one", "text.format")
+    top = get(body, "top_logprobs", int)
+    check_range("top_logprobs", top, 0, 20)
     request = GenerationRequest(tuple(ids), read_max_tokens(body, ("max_output_tokens",), settings.default_max_tokens),
-                                read_sampling(body, max_temperature=2.0), (), grammar or plan.grammar)
+                                read_sampling(body, max_temperature=2.0), (), grammar or plan.grammar,
+                                read_logits(body), top)
     start, end = think_tags(tokenizer)
     return Call(body, request, messages, plan, (start, end, starts_thinking(text, start, end)))
 
@@ -150,8 +154,8 @@ def _tool_choice(body: dict):
 class Answer:
     """The response object of one call, built whole or event by event."""
 
-    def __init__(self, call: Call, model_id: str):
-        self.call, self.model = call, model_id
+    def __init__(self, call: Call, model_id: str, tokenizer=None):
+        self.call, self.model, self.tokenizer = call, model_id, tokenizer
         self.id = f"resp_{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.splitter = ReasoningSplitter(*call.think)
@@ -173,15 +177,26 @@ class Answer:
             "usage": _usage(fin) if fin is not None else None,
         }
 
-    def whole(self, text: str, fin: Finished, store: ResponseStore) -> dict:
+    def whole(self, text: str, fin: Finished, store: ResponseStore, deltas: list = ()) -> dict:
         reasoning, content = self.splitter.feed(text)
         r2, c2 = self.splitter.flush()
         content, calls = self.call.plan.split(content + c2)
         output = ([_reasoning_item(reasoning + r2)] if reasoning + r2 else [])
-        output += ([_message_item(content)] if content or not calls else []) + [_call_item(c) for c in calls]
+        if content or not calls:
+            output.append(_message_item(content))
+            if self.call.request.top_logprobs is not None:
+                output[-1]["content"][0]["logprobs"] = self._logprobs(deltas)
+        output += [_call_item(c) for c in calls]
         response = self._object("completed", output, fin)
         self.keep(response, content, calls, store)
         return response
+
+    def _logprobs(self, deltas) -> list:
+        """Every generated token's entry (the output text's, as the Responses API lists them)."""
+        name = lambda t: self.tokenizer.decode([t])  # noqa: E731
+        return [{"token": name(d.token), "logprob": d.logprobs.logprob, "bytes": list(name(d.token).encode()),
+                 "top_logprobs": [{"token": name(i), "logprob": v, "bytes": list(name(i).encode())}
+                                  for i, v in d.logprobs.top]} for d in deltas if d.logprobs is not None]
 
     def keep(self, response: dict, content: str, calls: list[ToolCall], store: ResponseStore) -> None:
         """Store the response and the conversation after it (unless store: false)."""

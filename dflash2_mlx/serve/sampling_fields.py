@@ -47,3 +47,47 @@ def check_prompt_length(ids: list, limit: int, param: str) -> None:
                             "(--max-prompt-tokens): shorten it", param)
     if not ids:
         raise ApiError(400, "the prompt is empty", param)
+
+
+def read_logits(body: dict) -> tuple:
+    """Logit bias and penalties as mlx-lm's `make_logits_processors` keywords (name, value)
+    pairs; OpenAI's ranges (bias in [-100, 100], presence / frequency in [-2, 2]) and mlx-lm's
+    repetition_penalty (> 0) with its context sizes (default 20, as mlx-lm's server)."""
+    out = []
+    bias = get(body, "logit_bias", dict)
+    if bias:
+        pairs = []
+        for key, value in bias.items():
+            if not (isinstance(key, str) and key.lstrip("-").isdigit()) or isinstance(value, bool) \
+                    or not isinstance(value, (int, float)):
+                raise ApiError(400, "'logit_bias' maps token ids (as strings) to numbers", "logit_bias")
+            check_range("logit_bias", float(value), -100.0, 100.0)
+            if int(key) < 0:
+                raise ApiError(422, f"'logit_bias' names token {key}: token ids are 0 or more", "logit_bias")
+            pairs.append((int(key), float(value)))
+        out.append(("logit_bias", tuple(sorted(pairs))))
+    for name, low, high in (("presence_penalty", -2.0, 2.0), ("frequency_penalty", -2.0, 2.0)):
+        value = get(body, name, float, 0.0)
+        check_range(name, value, low, high)
+        if value:
+            out += [(name, value), (name.replace("penalty", "context_size"),
+                                    get(body, name.replace("penalty", "context_size"), int, 20))]
+    repetition = get(body, "repetition_penalty", float)
+    if repetition is not None and repetition != 1.0:
+        check_range("repetition_penalty", repetition, 0.0, None, low_open=True)
+        out += [("repetition_penalty", repetition),
+                ("repetition_context_size", get(body, "repetition_context_size", int, 20))]
+    for name, value in out:
+        if name.endswith("context_size"):
+            check_range(name, value, 1)
+    return tuple(out)
+
+
+def check_vocabulary(logits: tuple, vocab_size: int) -> None:
+    """A logit_bias token past the vocabulary is a 422 (mlx-lm would index out of range)."""
+    for name, value in logits:
+        if name == "logit_bias":
+            for token, _ in value:
+                if token >= vocab_size:
+                    raise ApiError(422, f"'logit_bias' names token {token}: this model has {vocab_size} tokens",
+                                   "logit_bias")

@@ -176,7 +176,7 @@ class EngineService:
             return keep if channel is None else channel.agree(keep)
 
         outcome = self.generate(request, go, lambda n, cached: job.post(Started(n, cached)),
-                                lambda r: job.post(Delta(r.text, r.token)))
+                                lambda r: job.post(Delta(r.text, r.token, r.logprobs)))
         if isinstance(outcome, Failed):
             job.post(outcome)
             return
@@ -212,7 +212,8 @@ class EngineService:
             block_size=self.block_size, calibration=self.calibration, stop=request.stop,
             prefill_step_size=self.prefill_step_size,
             prompt_cache=cache, tree_rows=self.tree_rows if self.pair.drafter is not None else 0,
-            grammar=request.grammar,
+            grammar=request.grammar, logits_processors=request.logits_processors(),
+            top_logprobs=request.top_logprobs,
         )
         n, last, cancelled = 0, None, False
         try:
