@@ -47,7 +47,7 @@ def generate(
     o.check_max_tokens(max_tokens)
     o.check_tree(tree)
     block_size = o.parse_block_size(block_size)
-    grammar = read_grammar(json_schema, regex, 0 if ar else tree)
+    grammar = read_grammar(json_schema, regex)
     if ar and (block_size != "auto" or draft_quant or tree):
         import warnings
 
@@ -101,7 +101,7 @@ def generate(
         closing.print_closing(last.stats)
 
 
-def read_grammar(json_schema: Optional[Path], regex: Optional[str], tree: int):
+def read_grammar(json_schema: Optional[Path], regex: Optional[str]):
     """The `Grammar` of --json-schema FILE or --regex (None for neither), compiled now, before a
     model loads, so a bad schema is one line at once."""
     from dflash2_mlx.errors import DFlashError
@@ -110,8 +110,6 @@ def read_grammar(json_schema: Optional[Path], regex: Optional[str], tree: int):
         return None
     if json_schema is not None and regex is not None:
         raise DFlashError("--json-schema and --regex both constrain the output: pass one of them")
-    if tree:
-        raise DFlashError("structured output cannot verify trees yet: drop --tree (the chain drafts under the grammar)")
     from dflash2_mlx.engine.grammar import Grammar
 
     if regex is not None:

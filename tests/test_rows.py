@@ -91,3 +91,15 @@ def test_no_logprobs_unless_asked(builtin):
     pair, tokenizer = builtin
     _, logprobs, steps = ours(pair, tokenizer.encode("x = "), (), 8, block_size=4)
     assert logprobs == [] and all(s.logprobs is None for s in steps)
+
+
+@pytest.mark.parametrize("rows", [8, 20])
+def test_trees_with_a_penalty_and_logprobs_equal_plain_decoding(builtin, rows):
+    pair, tokenizer = builtin
+    processors = make_logits_processors(repetition_penalty=1.5, logit_bias={13: 2.0})
+    prompt = tokenizer.encode("def parse(line):\n    parts = line.split(")
+    want, lp_rows = reference(pair.target, prompt, processors)
+    got, logprobs, steps = ours(pair, prompt, processors, tree_rows=rows, top_logprobs=2)
+    assert got == want and sum(s.accepted for s in steps) > 0
+    for token, row, lp in zip(want, lp_rows, logprobs):
+        assert abs(lp.logprob - row[token]) < 1e-5

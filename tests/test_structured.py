@@ -214,11 +214,23 @@ def test_bad_grammars_are_one_line_errors():
         assert "\n" not in str(e.value) and "grammar" in str(e.value)
 
 
-def test_a_tree_with_a_grammar_is_refused(builtin):
+@pytest.mark.parametrize("rows", [8, 24])
+def test_greedy_trees_under_a_grammar_equal_constrained_plain_decoding(builtin, rows):
     pair, tokenizer = builtin
-    state = GrammarState(Grammar.json_object(), tokenizer, pair.target.vocab_size)
-    with pytest.raises(DFlashError, match="--tree"):
-        list(generate_step(mx.array(tokenizer.encode("x")), pair, max_tokens=4, tree_rows=8, grammar=state))
+    grammar = Grammar.json_schema(PERSON)
+    for prompt in PROMPTS[:2]:
+        ids = tokenizer.encode(prompt)
+        want = reference_tokens(pair.target, tokenizer, ids, grammar.compiled(), 80, pair.target.vocab_size)
+        assert ours(pair, tokenizer, ids, grammar, 80, tree_rows=rows) == want, (prompt, rows)
+
+
+def test_sampled_trees_under_a_grammar_validate(builtin):
+    pair, tokenizer = builtin
+    for seed in range(3):
+        tokens = ours(pair, tokenizer, tokenizer.encode(PROMPTS[0]), Grammar.json_schema(CALL), 80, tree_rows=12,
+                      sampling=SamplingParams(temperature=1.0, seed=seed))
+        assert tokens[-1] in tokenizer.eos_token_ids
+        jsonschema.validate(json.loads(tokenizer.decode(tokens[:-1])), CALL)
 
 
 def test_json_layout_is_compact(builtin):

@@ -139,6 +139,13 @@ class GrammarState:
         out[:n] = bits[:n].astype(bool)
         return out
 
+    def fork(self) -> "GrammarState":
+        """An independent copy at this state (a tree's branches each advance their own)."""
+        other = object.__new__(GrammarState)
+        other.eos, other.vocab_size, other._ended = self.eos, self.vocab_size, self._ended
+        other._matcher = self._matcher.deep_copy()
+        return other
+
     def forced(self) -> Optional[int]:
         """The next token of the canonical tokenization of the bytes the grammar forces now
         (a literal, a key, a closing brace), or None when the next bytes are the model's choice."""
@@ -160,6 +167,34 @@ class GrammarState:
         """Forget the last `n` tokens advanced (drafted ones; never past an end of sequence)."""
         if n > 0 and not self._matcher.rollback(n):
             self._check()
+
+
+class PathGrammar:
+    """The grammar's state after each path of drafted tokens (memoised), for draft
+    trees: `admits(path, token)` says whether `token` may follow the drafted tokens
+    `path`, `allowed(path)` is the mask of the row that follows them. The state
+    passed in is never changed."""
+
+    def __init__(self, grammar: GrammarState):
+        self.eos = set(grammar.eos)
+        self._states = {(): grammar.fork()}
+        self._masks: dict = {}
+
+    def allowed(self, path: tuple) -> np.ndarray:
+        if path not in self._masks:
+            self._masks[path] = self._state(path).allowed()
+        return self._masks[path]
+
+    def admits(self, path: tuple, token: int) -> bool:
+        # No draft past an end of sequence (the target's own pick may still be one).
+        return token not in self.eos and bool(self.allowed(path)[token])
+
+    def _state(self, path: tuple) -> GrammarState:
+        if path not in self._states:
+            state = self._state(path[:-1]).fork()
+            state.advance([path[-1]])
+            self._states[path] = state
+        return self._states[path]
 
 
 def masked(logits: mx.array, allowed) -> mx.array:

@@ -59,7 +59,7 @@ def generate_step(
     profiler = profiler or CycleProfiler()
     transform = make_logprobs_transform(sampling)
     tree_rows = tree_rows_for(pair, tree_rows) if drafter is not None else 0
-    sample, rule = token_sampler(sampling, transform), _row_rule(grammar, logits_processors, top_logprobs, tree_rows)
+    sample, rule = token_sampler(sampling, transform), _row_rule(grammar, logits_processors, top_logprobs)
     if policy is None or tree_rows:  # the cost model is the chain's: a tree drafts the fixed block
         policy = FixedBlock(block)
     key, sub = split_key(make_key(sampling))
@@ -82,7 +82,8 @@ def generate_step(
                 key, k_draft, k_accept = split_key(key, 3)
                 cycle = dict(block=choice.block, sampling=sampling, transform=transform, left=left, profiler=profiler)
                 if tree_rows:
-                    outcome = tree_cycle(pair, cache, anchor, pending.take(), rows=tree_rows, key=k_accept, **cycle)
+                    outcome = tree_cycle(pair, cache, anchor, pending.take(), rows=tree_rows, key=k_accept, rule=rule,
+                                         **cycle)
                 else:
                     outcome = chain_cycle(pair, cache, anchor, pending.take(), (k_draft, k_accept), rule, **cycle)
                 choice = None
@@ -107,13 +108,10 @@ def generate_step(
             pending.flush(drafter, cache, wait=True)
 
 
-def _row_rule(grammar, processors, top_logprobs, tree_rows: int) -> Optional[RowRule]:
+def _row_rule(grammar, processors, top_logprobs) -> Optional[RowRule]:
     """The rows' rule (rows.py), None when the raw target rows are decoded as they are."""
     if grammar is None and not processors and top_logprobs is None:
         return None
-    if tree_rows:
-        raise DFlashError("structured output, logprobs, logit bias and penalties cannot verify trees yet: "
-                          "drop --tree (the chain decodes them)")
     return RowRule(processors, grammar, top_logprobs)
 
 

@@ -61,6 +61,14 @@ class RowRule:
                                    for t in range(rows.shape[0])], axis=0)
         return rows if masks is None else masked(rows, masks)
 
+    def tree(self, rows: mx.array, tokens: Sequence[int], paths: Sequence[tuple], masks=None) -> mx.array:
+        """A draft tree's node rows [N, V] after `tokens`: node j follows its drafted
+        tokens `paths[j]`; `masks` [N, V] the grammar's for each node."""
+        if self.processors:
+            rows = mx.concatenate([self._process(mx.array(list(tokens) + list(path), dtype=mx.int32), rows[j : j + 1])
+                                   for j, path in enumerate(paths)], axis=0)
+        return rows if masks is None else masked(rows, masks)
+
     def _process(self, history: mx.array, logits: mx.array) -> mx.array:
         for processor in self.processors:
             logits = processor(history, logits)

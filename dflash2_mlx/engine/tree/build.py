@@ -11,7 +11,7 @@ The search runs on the host over one small fetched array ([B-1, K, K]).
 """
 
 import heapq
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -82,7 +82,8 @@ class DraftTree:
 
 
 def build_tree(logq: np.ndarray, cand: np.ndarray, anchor: int, rows: int,
-               max_depth: Optional[int] = None, spine: Sequence[int] = ()) -> DraftTree:
+               max_depth: Optional[int] = None, spine: Sequence[int] = (),
+               admit: Optional[Callable] = None) -> DraftTree:
     """The `rows - 1` nodes of highest path log-probability, plus the anchor.
 
     logq [T, K, K]: log q(candidate c at position t | candidate p at t-1),
@@ -95,17 +96,22 @@ def build_tree(logq: np.ndarray, cand: np.ndarray, anchor: int, rows: int,
     `spine` (sampling): candidate indices of a path drawn from q, position by
     position; its nodes come first, each recorded as drawn from its q row
     (`DraftTree.proposals`), and the best-first nodes fill the other rows.
+    `admit(path, token)` (a grammar, `grammar.PathGrammar.admits`), when given,
+    keeps out every node whose token may not follow its path's drafted tokens;
+    the spine's q rows are then the admitted candidates' (`spine_q`).
     """
     if rows < 2:
         raise ValueError(f"a draft tree needs at least 2 rows (anchor and one draft), got {rows}")
     T, K = cand.shape
     depth_cap = T if max_depth is None else min(T, max_depth)
     tokens, parents, proposals = [anchor], [-1], {}
+    paths: list[tuple] = [()]  # each node's drafted tokens, root excluded
     heap: list = []  # (-score, depth, rank path, parent node, candidate index)
 
     def add(d: int, parent: int, c: int) -> int:
         tokens.append(int(cand[d - 1, c]))
         parents.append(parent)
+        paths.append(paths[parent] + (tokens[-1],))
         return len(tokens) - 1
 
     def expand(node: int, d: int, neg: float, key: tuple, skip: int = -1) -> None:
@@ -113,15 +119,15 @@ def build_tree(logq: np.ndarray, cand: np.ndarray, anchor: int, rows: int,
         if d < depth_cap:
             row = logq[d, key[-1] if key else 0]
             for c in range(K):
-                if c != skip:
+                if c != skip and (admit is None or admit(paths[node], int(cand[d, c]))):
                     heapq.heappush(heap, (neg - float(row[c]), d + 1, key + (c,), node, c))
 
     node, neg, key = 0, 0.0, ()
     for d, c in enumerate(list(spine)[: min(rows - 1, depth_cap)]):
         row = logq[d, key[-1] if key else 0]
         child = add(d + 1, node, c)
-        q = np.exp(row.astype(np.float64))
-        proposals[node] = (child, [int(t) for t in cand[d]], (q / q.sum()).tolist())
+        q = spine_q(row, cand[d], paths[node], admit)
+        proposals[node] = (child, [int(t) for t in cand[d]], q.tolist())
         expand(node, d, neg, key, skip=c)
         node, neg, key = child, neg - float(row[c]), key + (c,)
     expand(node, len(key), neg, key)
@@ -131,15 +137,33 @@ def build_tree(logq: np.ndarray, cand: np.ndarray, anchor: int, rows: int,
     return DraftTree(tokens, parents, proposals)
 
 
-def sample_spine(logq: np.ndarray, uniforms: np.ndarray, length: int) -> list[int]:
+def spine_q(row: np.ndarray, cand_row: np.ndarray, path: tuple, admit: Optional[Callable]) -> np.ndarray:
+    """The q a spine node is drawn from: the lattice row's probabilities over the
+    candidates `admit` lets follow `path` (all of them without a grammar), normalised;
+    all zero when none may."""
+    q = np.exp(row.astype(np.float64))
+    if admit is not None:
+        q = q * np.array([admit(path, int(t)) for t in cand_row], dtype=np.float64)
+    total = q.sum()
+    return q / total if total > 0 else q
+
+
+def sample_spine(logq: np.ndarray, uniforms: np.ndarray, length: int, cand: Optional[np.ndarray] = None,
+                 admit: Optional[Callable] = None) -> list[int]:
     """Candidate indices of a path drawn from the lattice, position by position
-    (inverse CDF of q(. | previous pick) with the given uniforms)."""
-    picks, prev = [], 0
+    (inverse CDF of q(. | previous pick) with the given uniforms; `spine_q`'s q
+    when `admit` is given, ending where no candidate may follow)."""
+    picks, prev, path = [], 0, ()
     for t in range(min(length, logq.shape[0])):
-        q = np.exp(logq[t, prev].astype(np.float64))
-        cdf = np.cumsum(q / q.sum())
-        prev = int(min(np.searchsorted(cdf, uniforms[t], side="right"), len(cdf) - 1))
+        q = spine_q(logq[t, prev], cand[t] if cand is not None else np.zeros(logq.shape[-1]), path, admit)
+        if q.sum() == 0:
+            break
+        cdf = np.cumsum(q)
+        support = np.flatnonzero(q > 0)
+        prev = int(min(np.searchsorted(cdf, uniforms[t], side="right"), support[-1]))
         picks.append(prev)
+        if cand is not None:
+            path = path + (int(cand[t, prev]),)
     return picks
 
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from ...errors import DFlashError
 from ..decode.state import CycleOutcome
+from ..grammar import PathGrammar
 from ..sampling import split_key
 from .build import V1_TOP_K, build_tree, lattice_logprobs, sample_spine
 from .verify import accept_tree, branch_blocker, commit, tree_forward, tree_views
@@ -60,10 +61,12 @@ def spine_length(rows: int, positions: int) -> int:
 
 
 def tree_cycle(pair, cache, anchor: int, pending, *, block: int, rows: int, sampling, transform,
-               key, left: int, profiler) -> CycleOutcome:
+               key, left: int, profiler, rule=None) -> CycleOutcome:
     """Draft a block of `block` rows, verify a tree of `rows` rows, commit at
     most `left` tokens. `pending`: features of the committed rows the drafter
-    has not seen (it takes them into its cache now)."""
+    has not seen (it takes them into its cache now). `rule` (decode/rows.py):
+    each node's row after its own path (processors, the grammar's mask), and
+    under a grammar only nodes it allows."""
     profiler.start()
     target, drafter = pair.target, pair.drafter
     ids = mx.array([[anchor] + [pair.mask_token_id] * (block - 1)], dtype=mx.int32)
@@ -80,14 +83,21 @@ def tree_cycle(pair, cache, anchor: int, pending, *, block: int, rows: int, samp
                           phase="build")
     flat = np.asarray(flat, dtype=np.float32)
     logq_host = flat[: T * K * K].reshape(T, K, K)
-    spine = () if sampling.greedy else sample_spine(logq_host, flat[T * K * K + T * K :], spine_length(rows, T))
-    tree = build_tree(logq_host, flat[T * K * K : T * K * K + T * K].astype(np.int64).reshape(T, K),
-                      anchor, rows, spine=spine)
+    cand_host = flat[T * K * K : T * K * K + T * K].astype(np.int64).reshape(T, K)
+    paths = PathGrammar(rule.grammar) if rule is not None and rule.grammar is not None else None
+    admit = paths.admits if paths is not None else None
+    spine = () if sampling.greedy else sample_spine(logq_host, flat[T * K * K + T * K :], spine_length(rows, T),
+                                                    cand_host, admit)
+    tree = build_tree(logq_host, cand_host, anchor, rows, spine=spine, admit=admit)
     profiler.lap("build")
     views = tree_views(cache.target, tree)
     profiler.lap("mask", *[v.layout.mask for v in views])
     logits, features = tree_forward(target, tree, views, pair.layer_ids)
     profiler.lap("verify", logits, features)
+    if rule is not None:
+        drafted = [tuple(tree.tokens[m] for m in tree.path(j)[1:]) for j in range(tree.rows)]
+        masks = np.stack([paths.allowed(p) for p in drafted]) if paths is not None else None
+        logits = rule.tree(logits, cache.tokens, drafted, masks)
     path, last = accept_tree(tree, logits, sampling, transform, key, profiler)
     tokens = tuple(tree.tokens[n] for n in path[1:]) + (last,)
     keep = len(path)
@@ -97,5 +107,6 @@ def tree_cycle(pair, cache, anchor: int, pending, *, block: int, rows: int, samp
     profiler.lap("commit", *[c.state for c in cache.target])
     kept = mx.array(path[:keep], dtype=mx.int32)
     # Trees run on attention caches only: they trim, so there is no undo record.
+    logprobs = rule.logprobs(logits[mx.array(path[: len(tokens)])], tokens) if rule is not None else None
     return CycleOutcome(tokens, accepted=len(path) - 1, drafted=tree.max_depth, verify_rows=tree.rows,
-                        features=features[kept][None])
+                        features=features[kept][None], logprobs=logprobs)
