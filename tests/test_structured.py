@@ -239,3 +239,24 @@ def test_json_layout_is_compact(builtin):
     text = tokenizer.decode(tokens[:-1])
     assert JSON_LAYOUT == {"whitespace_flexible": False}
     assert text == json.dumps(json.loads(text), separators=(",", ":"))
+
+
+def test_cli_json_schema_and_regex(tmp_path):
+    from cli_process import Sandbox
+
+    box = Sandbox(tmp_path)
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps(PERSON))
+    ok = box.run(["generate", "-p", "config = ", "--json-schema", str(schema), "--json", "-m", "80",
+                  "--block-size", "8", "--ignore-chat-template"])
+    assert ok.code == 0, ok.err
+    jsonschema.validate(json.loads(json.loads(ok.out)["text"]), PERSON)
+    date = box.run(["generate", "-p", "when = ", "--regex", r"20[0-9]{2}-[01][0-9]", "--json", "--ar"])
+    assert date.code == 0, date.err
+    assert __import__("re").fullmatch(r"20[0-9]{2}-[01][0-9]", json.loads(date.out)["text"])
+    (tmp_path / "broken.json").write_text("{nope")
+    for args, words in ((["--json-schema", str(tmp_path / "broken.json")], "json schema"),
+                        (["--json-schema", str(tmp_path / "missing.json")], "cannot read"),
+                        (["--regex", "([a-"], "unclosed"),
+                        (["--regex", "a", "--json-schema", str(schema)], "one of them")):
+        assert words in box.run(["generate", "-p", "x", *args]).one_error_line()
