@@ -132,8 +132,9 @@ SCHEMAS = {"get_weather": WEATHER, "read_file": FILES}
 
 
 def reassemble(chunks):
-    """OpenAI streamed tool-call deltas put back together by index; and the finish reason."""
-    calls, finish = {}, None
+    """OpenAI streamed tool-call deltas put back together by index; the finish reason; and
+    how many non-empty argument fragments came."""
+    calls, finish, fragments = {}, None, 0
     for chunk in chunks:
         if not chunk.choices:
             continue
@@ -143,8 +144,9 @@ def reassemble(chunks):
             call["id"] = d.id or call["id"]
             call["name"] += (d.function.name or "") if d.function else ""
             call["arguments"] += (d.function.arguments or "") if d.function else ""
+            fragments += bool(d.function and d.function.arguments)
         finish = choice.finish_reason or finish
-    return [calls[i] for i in sorted(calls)], finish
+    return [calls[i] for i in sorted(calls)], finish, fragments
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "read_file"}}],
@@ -160,10 +162,9 @@ def test_openai_agent_loop(server, choice):
     if isinstance(choice, dict):
         assert call.function.name == "read_file"
     jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
-    streamed, finish = reassemble(client.chat.completions.create(**ask, stream=True))
-    assert finish == "tool_calls"
-    assert [(c["name"], json.loads(c["arguments"])) for c in streamed] == [
-        (call.function.name, json.loads(call.function.arguments))]
+    streamed, finish, fragments = reassemble(client.chat.completions.create(**ask, stream=True))
+    assert finish == "tool_calls" and fragments > 2  # the arguments stream as they are written
+    assert [(c["name"], c["arguments"]) for c in streamed] == [(call.function.name, call.function.arguments)]
     messages += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                  {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 degrees"}]
     answer = client.chat.completions.create(model="gpt-4o", messages=messages, tools=OPENAI_TOOLS, max_tokens=12)

@@ -17,7 +17,7 @@ from .jobs import Delta, Failed, Finished, GenerationRequest, Job, Started
 from .render import ReasoningSplitter, conversation_ids, starts_thinking, think_tags
 from .sampling_fields import check_model, check_prompt_length, read_max_tokens, read_sampling
 from .settings import ServeSettings
-from .tools import ToolCall, ToolPlan, ToolStreamer, plan_tools
+from .tools import CallArgs, CallStart, ToolCall, ToolPlan, ToolStreamer, plan_tools
 from .usage import speculative_usage
 
 
@@ -211,24 +211,36 @@ class Answer:
             return out
 
         tool_stream = ToolStreamer(self.call.tools) if self.call.tools.parse else None
-        called = False
+        called, open_call = False, None  # the id of the tool_use block being streamed
 
-        def tool_use(call: ToolCall):
-            # A whole block: its start (input {}), the arguments as one input_json_delta, its stop.
-            nonlocal index, kind, called
-            out = [event("content_block_stop", {"index": index})] if kind is not None else []
-            index, kind, called = index + 1, None, True
-            out.append(event("content_block_start", {"index": index, "content_block": {**_tool_use(call), "input": {}}}))
-            out.append(event("content_block_delta", {"index": index, "delta": {"type": "input_json_delta",
-                                                                               "partial_json": call.arguments}}))
-            out.append(event("content_block_stop", {"index": index}))
+        def tool_use(piece):
+            # A tool_use block: its start (input {}), the arguments as input_json_delta
+            # pieces (as they are written in a JSON-body format, else at once), its stop.
+            nonlocal index, kind, called, open_call
+            out = []
+            if isinstance(piece, (CallStart, ToolCall)) and piece.id != open_call:
+                if kind is not None:
+                    out.append(event("content_block_stop", {"index": index}))
+                index, kind, called, open_call = index + 1, None, True, piece.id
+                start = {"type": "tool_use", "id": _tool_use_id(piece.id), "name": piece.name, "input": {}}
+                out.append(event("content_block_start", {"index": index, "content_block": start}))
+                if isinstance(piece, ToolCall):  # whole: all its arguments at once
+                    piece = CallArgs(piece.id, piece.arguments), piece
+            pieces = piece if isinstance(piece, tuple) else (piece,)
+            for p in pieces:
+                if isinstance(p, CallArgs) and p.text:
+                    out.append(event("content_block_delta", {"index": index, "delta": {
+                        "type": "input_json_delta", "partial_json": p.text}}))
+                elif isinstance(p, ToolCall):
+                    out.append(event("content_block_stop", {"index": index}))
+                    open_call = None
             return out
 
         def deltas(reasoning, content, final=False):
             out = []
             pieces = [content] if tool_stream is None else tool_stream.feed(content) + (tool_stream.flush() if final else [])
             for new_kind, text in [("thinking", reasoning)] + [("text", p) for p in pieces]:
-                if isinstance(text, ToolCall):
+                if isinstance(text, (CallStart, CallArgs, ToolCall)):
                     out += tool_use(text)
                     continue
                 if not text:
@@ -267,7 +279,11 @@ class Answer:
 
 
 def _tool_use(call: ToolCall) -> dict:
-    return {"type": "tool_use", "id": call.id.replace("call_", "toolu_", 1), "name": call.name, "input": call.input}
+    return {"type": "tool_use", "id": _tool_use_id(call.id), "name": call.name, "input": call.input}
+
+
+def _tool_use_id(call_id: str) -> str:
+    return call_id.replace("call_", "toolu_", 1)
 
 
 def event(name: str, data: dict) -> str:

@@ -20,7 +20,7 @@ from .fields import check_range
 from .sampling_fields import check_model, check_prompt_length, read_logits, read_max_tokens, read_sampling
 from .settings import ServeSettings
 from .structured import read_response_format
-from .tools import ToolCall, ToolPlan, ToolStreamer, plan_tools
+from .tools import CallArgs, CallStart, ToolCall, ToolPlan, ToolStreamer, plan_tools
 from .usage import speculative_usage
 
 
@@ -203,6 +203,8 @@ class Answer:
         self.splitter = ReasoningSplitter(*call.think)
         self.tool_stream = ToolStreamer(call.tools) if call.tools.parse else None
         self.calls = 0  # tool calls streamed so far
+        self._indices: dict = {}  # call id -> its index in the stream
+        self._started: set = set()  # ids whose arguments stream as CallArgs
 
     def _envelope(self, chunk: bool) -> dict:
         kind = ("chat.completion" if self.call.chat else "text_completion") + (".chunk" if chunk and self.call.chat else "")
@@ -264,19 +266,31 @@ class Answer:
         pieces = [content] if self.tool_stream is None else self.tool_stream.feed(content)
         if final and self.tool_stream is not None:
             pieces += self.tool_stream.flush()
+        self.note_start(pieces)
         for piece in pieces:
-            if isinstance(piece, ToolCall):
-                out += self._call_chunks(piece)
-            elif piece:
+            if isinstance(piece, (CallStart, ToolCall)) and piece.id not in self._indices:
+                out.append(self._call_head(piece))
+            if isinstance(piece, CallArgs) or (isinstance(piece, ToolCall) and not self._streamed(piece)):
+                index = self._indices[piece.id]
+                text = piece.text if isinstance(piece, CallArgs) else piece.arguments
+                out.append(self.chunk({"tool_calls": [{"index": index, "function": {"arguments": text}}]}))
+            elif isinstance(piece, str) and piece:
                 out.append(self.chunk({"content": piece}))
         return out
 
-    def _call_chunks(self, call: ToolCall) -> list[str]:
-        """A tool call as OpenAI streams one: its id and name, then the arguments."""
-        index, self.calls = self.calls, self.calls + 1
+    def _call_head(self, call) -> str:
+        """A tool call's first chunk, as OpenAI streams one: index, id and name."""
+        index = self._indices[call.id] = len(self._indices)
+        self.calls = len(self._indices)
         head = {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
-        return [self.chunk({"tool_calls": [head]}),
-                self.chunk({"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]})]
+        return self.chunk({"tool_calls": [head]})
+
+    def _streamed(self, call: ToolCall) -> bool:
+        """Its arguments went out as CallArgs (a CallStart came first)."""
+        return call.id in self._started
+
+    def note_start(self, pieces) -> None:
+        self._started.update(p.id for p in pieces if isinstance(p, CallStart))
 
     def finish_reason(self, fin: Finished) -> str:
         return "tool_calls" if self.calls and fin.finish_reason == "stop" else fin.finish_reason

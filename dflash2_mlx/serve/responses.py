@@ -25,7 +25,7 @@ from .fields import check_range
 from .sampling_fields import check_model, check_prompt_length, read_logits, read_max_tokens, read_sampling
 from .settings import ServeSettings
 from .structured import read_response_format
-from .tools import ToolCall, ToolPlan, ToolStreamer, plan_tools
+from .tools import CallArgs, CallStart, ToolCall, ToolPlan, ToolStreamer, plan_tools
 from .usage import speculative_usage
 
 STORE_SIZE = 256  # responses kept for previous_response_id and GET
@@ -234,22 +234,36 @@ class Answer:
                     self.event("response.content_part.done", {**ids, "part": item["content"][0]}),
                     self.event("response.output_item.done", {"output_index": index, "item": item})]
 
+        open_items: dict = {}  # call id -> (output index, item) while its arguments stream
+
+        def call_events(piece):
+            out = []
+            if isinstance(piece, (CallStart, ToolCall)) and piece.id not in open_items:
+                out += close_text()
+                item, index = _call_item(ToolCall(piece.id, piece.name, "")), len(output)
+                output.append(item)
+                open_items[piece.id] = (index, item)
+                out.append(self.event("response.output_item.added",
+                                      {"output_index": index, "item": {**item, "status": "in_progress"}}))
+                if isinstance(piece, ToolCall):  # whole: all its arguments at once
+                    out += call_events(CallArgs(piece.id, piece.arguments))
+            index, item = open_items[piece.id]
+            ids = {"item_id": item["id"], "output_index": index}
+            if isinstance(piece, CallArgs) and piece.text:
+                out.append(self.event("response.function_call_arguments.delta", {**ids, "delta": piece.text}))
+            elif isinstance(piece, ToolCall):
+                item["arguments"] = piece.arguments
+                calls.append(piece)
+                out.append(self.event("response.function_call_arguments.done", {**ids, "arguments": piece.arguments}))
+                out.append(self.event("response.output_item.done", {"output_index": index, "item": item}))
+            return out
+
         def pieces_out(pieces):
             nonlocal text_item
             out = []
             for piece in pieces:
-                if isinstance(piece, ToolCall):
-                    out += close_text()
-                    item, index = _call_item(piece), len(output)
-                    output.append(item)
-                    calls.append(piece)
-                    out.append(self.event("response.output_item.added",
-                                          {"output_index": index, "item": {**item, "arguments": "",
-                                                                           "status": "in_progress"}}))
-                    ids = {"item_id": item["id"], "output_index": index}
-                    out.append(self.event("response.function_call_arguments.delta", {**ids, "delta": piece.arguments}))
-                    out.append(self.event("response.function_call_arguments.done", {**ids, "arguments": piece.arguments}))
-                    out.append(self.event("response.output_item.done", {"output_index": index, "item": item}))
+                if isinstance(piece, (CallStart, CallArgs, ToolCall)):
+                    out += call_events(piece)
                 elif piece:
                     if text_item is None:
                         item, index = _message_item(""), len(output)

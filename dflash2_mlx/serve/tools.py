@@ -13,6 +13,7 @@ a 422 that says so.
 """
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Optional
@@ -101,14 +102,40 @@ def _forced_call_grammar(tools: list, start: str, end: str, several: bool) -> Gr
     return Grammar("lark", lark)
 
 
+@dataclass(frozen=True)
+class CallStart:
+    """A call's head, streamed before its arguments: its id and name."""
+
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class CallArgs:
+    """The next piece of the open call's arguments text."""
+
+    id: str
+    text: str
+
+
+# The head of a JSON-body call ({"name": "...", "arguments": ), after which the arguments stream.
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
+
+
 class ToolStreamer:
-    """Cuts streamed text into text pieces and whole `ToolCall`s. Text that may be
-    the start of a call tag is held back until it is decided."""
+    """Cuts streamed text into text pieces and tool calls. Text that may be the
+    start of a call tag is held back until it is decided. In a JSON-body format
+    a call streams: `CallStart` once its name is known, `CallArgs` as its
+    arguments are written, then the `ToolCall` itself (same id) when its tag
+    closes; other formats give the `ToolCall` whole at its closing tag."""
 
     def __init__(self, plan: ToolPlan):
         self.plan = plan
         self._held = ""
         self._inside = False
+        self._open: Optional[CallStart] = None
+        self._sent = 0  # characters of the open call's arguments already streamed
+        self._streams = getattr(plan.parser, "__module__", "") in JSON_BODY_PARSERS
 
     def feed(self, text: str) -> list:
         plan, out = self.plan, []
@@ -117,6 +144,7 @@ class ToolStreamer:
             if self._inside:
                 at = held.find(plan.end)
                 if at < 0:
+                    out += self._progress(held)
                     break
                 out.extend(self._call(held[:at]))
                 held, self._inside = held[at + len(plan.end):], False
@@ -138,23 +166,67 @@ class ToolStreamer:
     def flush(self) -> list:
         """The end of the answer: an unclosed call is parsed if it can be, else kept as text."""
         held, self._held = self._held, ""
-        if not held:
+        if not held and not self._open:
             return []
         if self._inside:
             return self._call(held, closed=False)
         return [held]
 
+    def _progress(self, body: str) -> list:
+        """What an open call's body so far lets stream: its head, then its arguments, less
+        what may still be the outer brace or the start of the closing tag."""
+        if not self._streams:
+            return []
+        out = []
+        head = _HEAD.match(body)
+        if self._open is None:
+            if head is None:
+                return []
+            self._open = CallStart(f"call_{uuid.uuid4().hex[:24]}", json.loads(f'"{head.group(1)}"'))
+            self._sent = 0
+            out.append(self._open)
+        args = body[head.end():]
+        args = args[: len(args) - partial_suffix(args, self.plan.end)]
+        safe = len(args.rstrip().rstrip("}").rstrip()) if args.rstrip().endswith("}") else len(args)
+        if safe > self._sent:
+            out.append(CallArgs(self._open.id, args[self._sent:safe]))
+            self._sent = safe
+        return out
+
     def _call(self, body: str, closed: bool = True) -> list:
-        """The calls mlx-lm's parser reads in one tagged body; a body it cannot read stays text."""
+        """The calls mlx-lm's parser reads in one tagged body (the open one ends here);
+        a body it cannot read stays text."""
+        opened, self._open = self._open, None
         try:
             parsed = self.plan.parser(body, list(self.plan.tools))
         except Exception:  # the model wrote a malformed call
             parsed = None
         calls = [c for c in (parsed if isinstance(parsed, list) else [parsed]) if isinstance(c, dict) and c.get("name")]
+        raw = _raw_arguments(body) if self._streams else None
+        if opened is not None:  # its head went out: finish it, whatever the parser says
+            arguments = raw if raw is not None else (_arguments_text(calls[0].get("arguments")) if calls else "")
+            rest = [CallArgs(opened.id, arguments[self._sent:])] if arguments[self._sent:] else []
+            return rest + [ToolCall(opened.id, opened.name, arguments)]
         if not calls:
             return [self.plan.start + body + (self.plan.end if closed else "")]
-        return [ToolCall(f"call_{uuid.uuid4().hex[:24]}", str(c["name"]), _arguments_text(c.get("arguments")))
+        return [ToolCall(f"call_{uuid.uuid4().hex[:24]}", str(c["name"]),
+                         raw if raw is not None and len(calls) == 1 else _arguments_text(c.get("arguments")))
                 for c in calls]
+
+
+def _raw_arguments(body: str) -> Optional[str]:
+    """The arguments exactly as a JSON-body call wrote them, when they are one JSON object."""
+    head = _HEAD.match(body)
+    if head is None:
+        return None
+    args = body[head.end():].rstrip()
+    if not args.endswith("}"):
+        return None
+    args = args[:-1].rstrip()  # the call object's own closing brace
+    try:
+        return args if isinstance(json.loads(args), dict) else None
+    except json.JSONDecodeError:
+        return None
 
 
 def _arguments_text(arguments) -> str:

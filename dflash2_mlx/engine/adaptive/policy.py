@@ -150,6 +150,9 @@ RETIME_WEIGHT = 0.5
 # Cycles before the first re-timing of a run (a cheap check of the calibration
 # at the start), and the bounds of the interval after that.
 RETIME_FIRST, RETIME_MAX = 4, 256
+# How far plain decoding's cost relative to a cycle's must move after a losing probe before
+# re-measured costs may start the next probe early.
+EARLY_PROBE_SHIFT = 1.25
 
 
 @dataclass(frozen=True)
@@ -193,7 +196,8 @@ class BlockPolicy:
     loses little where drafting's lead is small, which is where a stale plain
     cost can mislead).
     While it decodes plainly, re-measured costs that make drafting pay start
-    a probe at once.
+    a probe at once, unless a probe has lost since and the costs have not
+    moved by EARLY_PROBE_SHIFT from what they were then.
     """
 
     def __init__(self, costs: CostTable, max_block: int, acceptance: Optional[AcceptanceEstimate] = None,
@@ -215,6 +219,7 @@ class BlockPolicy:
         self.scale = {"plain": 1.0, "spec": 1.0}  # measured / calibrated cost, learned online
         self._last: Optional[_Timed] = None
         self._cycles_to_retime = RETIME_FIRST
+        self._verdict: Optional[float] = None  # plain / cycle cost scale when the last probe lost
 
     # -- the model -----------------------------------------------------------------
     def plain_cost(self) -> float:
@@ -247,7 +252,7 @@ class BlockPolicy:
             return Decision(1, Mode.RETIMING, self.plain_left - 1)
         if self.mode in (Mode.WAITING, Mode.PLAIN_ONLY, Mode.PROBING):
             waiting = self.mode is Mode.PLAIN_ONLY or (self.mode is Mode.WAITING and self.plain_left > 0)
-            if waiting and not (self.clock is not None and self._pays_by_margin(tokens_left)):
+            if waiting and not (self.clock is not None and self._pays_by_margin(tokens_left) and self._new_evidence()):
                 return self._plain_step(self.mode, self.plain_left)
             return Decision(self.best_block(tokens_left), Mode.PROBING)
         if self.clock is not None and self.mode is Mode.DRAFTING and self._cycles_to_retime <= 0:
@@ -292,6 +297,7 @@ class BlockPolicy:
             # small block half the probes beat the mean, so the backoff never grew.)
             self._losing_probes = 0 if beat_plain else self._losing_probes + 1
             self.mode, self.plain_left = self._next_probe(B)
+            self._verdict = self.scale["plain"] / self.scale["spec"]
 
     # -- internals --------------------------------------------------------------------
     def _retime_interval(self) -> int:
@@ -302,6 +308,13 @@ class BlockPolicy:
         loss = RETIME_STEPS * self.plain_cost() * (1.0 - 1.0 / lead)
         cycles = math.ceil(loss / (self.probe_budget * self.cycle_cost(B)))
         return min(max(cycles, RETIME_FIRST), RETIME_MAX)
+
+    def _new_evidence(self) -> bool:
+        """Whether plain decoding's cost, relative to a cycle's, has moved by EARLY_PROBE_SHIFT
+        since the last probe lost: only then may re-measured costs start a probe before its wait
+        is over. (A busy spell slows the plain steps it times and the cycles it does not; without
+        this each step of it would start another losing probe.)"""
+        return self._verdict is None or self.scale["plain"] / self.scale["spec"] > self._verdict * EARLY_PROBE_SHIFT
 
     def _pays_by_margin(self, tokens_left: int) -> bool:
         return self.rate(self.best_block(tokens_left)) > self.rate(1) * (1.0 + self.margin)
