@@ -192,6 +192,37 @@ def run_timed(policy, clock, actual, alphas, tokens, seed=0):
     return clock.now, blocks
 
 
+def test_probes_are_spaced_by_what_they_cost_on_the_clock():
+    # A probe's draft takes the plain run's pending rows into the drafter's cache, which no
+    # calibrated cycle pays: here it costs 8 plain steps, not the calibrated 2.7. The loop's
+    # order (the cycle runs, then `observe`) lets the policy see that and wait longer.
+    costs = CostTable(1.0, {2: 2.0, 16: 12.0}, {2: 0.7, 16: 3.0})
+
+    def probes(probe_cost):
+        """Where the probes came (tokens decoded before each), and the rate against plain."""
+        clock, rng, done, at = Clock(), random.Random(4), 0, []
+        policy = BlockPolicy(costs, 16, AcceptanceEstimate(15, seed=[0.5] * 15), clock=clock)
+        while done < 3000:
+            B = decide(policy, 3000 - done)
+            if B == 1:
+                clock.now += 1.0
+                done += 1
+                continue
+            at.append(done)
+            a = accepted_run(rng, [0.5] * 15, B - 1)
+            clock.now += probe_cost
+            policy.observe(B - 1, a)
+            done += a + 1
+        return at, 3000 / clock.now
+
+    cheap, _ = probes(costs.cycle(2))
+    dear, rate = probes(8.0)
+    # The second probe waits for what the first cost (about 6 plain steps lost, not 1.2): one
+    # probe in the first 600 tokens instead of three (the spec cost scale alone gave two).
+    assert len([t for t in cheap if t < 600]) == 3 and len([t for t in dear if t < 600]) == 1
+    assert rate >= 0.99
+
+
 def test_costs_learned_online_override_a_wrong_calibration():
     # Calibrated while plain decoding looked slow: drafting looks about 1.25x better.
     calibrated = CostTable(1.0, {2: 1.5, 4: 2.0}, {2: 0.0, 4: 0.0})

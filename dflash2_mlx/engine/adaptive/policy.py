@@ -220,6 +220,7 @@ class BlockPolicy:
         self._last: Optional[_Timed] = None
         self._cycles_to_retime = RETIME_FIRST
         self._verdict: Optional[float] = None  # plain / cycle cost scale when the last probe lost
+        self._probe_loss = 0.0  # plain steps the last probe lost, measured (0 without a clock)
 
     # -- the model -----------------------------------------------------------------
     def plain_cost(self) -> float:
@@ -288,6 +289,12 @@ class BlockPolicy:
             self._cycles_to_retime -= 1
         if self.mode is not Mode.PROBING:
             return
+        if self.clock is not None and self._last is not None:
+            # What this probe lost, as the clock saw it (its draft takes the pending
+            # rows of the plain run into the drafter's cache, which no calibrated
+            # cycle pays): the next probe is spaced by this when it is the larger.
+            spent = (self.clock() - self._last.at) / self.plain_cost()
+            self._probe_loss = max(spent - (accepted + 1), 0.0)
         B = self.best_block(self.max_block)
         if self._pays_by_margin(self.max_block):
             self.mode, self._losing_probes = Mode.DRAFTING, 0  # drafting pays again
@@ -354,7 +361,7 @@ class BlockPolicy:
         """Wait long enough that a losing probe costs at most `probe_budget` of the time."""
         if not self._can_ever_win():
             return Mode.PLAIN_ONLY, 0
-        loss = max(self.cycle_cost(B) / self.plain_cost() - self.acceptance.expected_tokens(B), 0.0)
+        loss = max(self.cycle_cost(B) / self.plain_cost() - self.acceptance.expected_tokens(B), self._probe_loss)
         wait = math.ceil(loss / self.probe_budget) * (2 ** self._losing_probes)
         return Mode.WAITING, max(1, min(wait, self.max_probe_interval))
 
