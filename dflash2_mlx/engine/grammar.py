@@ -115,7 +115,8 @@ class GrammarState:
 
     def __init__(self, grammar: Grammar, tokenizer, vocab_size: int):
         llg = _llguidance()
-        lltok, self.eos = _grammar_tokenizer(tokenizer, vocab_size)
+        lltok, eos = _grammar_tokenizer(tokenizer, vocab_size)
+        self.eos = frozenset(eos)
         self.vocab_size = vocab_size
         self._matcher = llg.LLMatcher(lltok, grammar.compiled(), log_level=0)
         self._ended = False
@@ -176,7 +177,7 @@ class PathGrammar:
     passed in is never changed."""
 
     def __init__(self, grammar: GrammarState):
-        self.eos = set(grammar.eos)
+        self.eos = grammar.eos
         self._states = {(): grammar.fork()}
         self._masks: dict = {}
 
@@ -204,5 +205,5 @@ def masked(logits: mx.array, allowed) -> mx.array:
 
 def only_token(allowed: np.ndarray) -> Optional[int]:
     """The one token the grammar allows, when it allows exactly one (it is forced)."""
-    hits = np.flatnonzero(allowed[: allowed.size])
+    hits = np.flatnonzero(allowed)
     return int(hits[0]) if hits.size == 1 else None

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
 from ..errors import DFlashError
@@ -76,6 +77,14 @@ def token_sampler(params: SamplingParams, transform: Callable[[mx.array], mx.arr
     if params.greedy:
         return lambda logits, key: greedy_token(logits)
     return lambda logits, key: mx.random.categorical(transform(logits), key=key).astype(mx.int32)
+
+
+def inverse_cdf(q: np.ndarray, u: float) -> int:
+    """The index of a host-side proposal `q` whose CDF interval holds the uniform `u`, never one
+    with q = 0: the first index whose CDF passes u has q > 0, and past the end (a CDF short of 1)
+    it is the last index with q > 0, as the device walk clamps (selector.walk_sampled)."""
+    i = int(np.searchsorted(np.cumsum(q), u, side="right"))
+    return min(i, int(np.flatnonzero(q > 0)[-1]))
 
 
 def greedy_token(logits: mx.array) -> mx.array:

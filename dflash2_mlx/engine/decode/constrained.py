@@ -21,7 +21,7 @@ import numpy as np
 from ..drafter.propose import Proposal, selector_inputs
 from ..drafter.selector import score_lattice
 from ..grammar import GrammarState, only_token
-from ..sampling import SamplingParams
+from ..sampling import SamplingParams, inverse_cdf
 
 
 def grammar_propose(drafter, draft_logits: mx.array, hidden: mx.array, anchor: int, sampling: SamplingParams,
@@ -39,7 +39,6 @@ def grammar_propose(drafter, draft_logits: mx.array, hidden: mx.array, anchor: i
     own = transform(draft_logits) if not greedy else draft_logits.astype(mx.float32)  # the fallback rows
     own = np.array(own, dtype=np.float32)
     uniforms = None if greedy else np.array(mx.random.uniform(shape=(N,), key=key))
-    eos = set(grammar.eos)
     draft, q_rows, masks = [], [], []
     prev = 0  # index of the previous pick among its position's candidates; None: not a candidate
     try:
@@ -51,7 +50,7 @@ def grammar_propose(drafter, draft_logits: mx.array, hidden: mx.array, anchor: i
                 token, q = forced, (None if greedy else _one_hot(forced, V))
             else:
                 token, q = _pick(t, allowed, prev, lattice, cand, unary, own, sampling, uniforms)
-            if token is None or token in eos:
+            if token is None or token in grammar.eos:
                 break
             prev = int(np.flatnonzero(cand[t] == token)[0]) if cand is not None and token in cand[t] else None
             draft.append(token)
@@ -81,7 +80,7 @@ def _pick(t, allowed, prev, lattice, cand, unary, own, sampling, uniforms):
             if sampling.greedy:
                 return int(cand[t, int(np.argmax(scores))]), None
             q = _softmax(scores / sampling.temperature)
-            i = _inverse_cdf(q, uniforms[t])
+            i = inverse_cdf(q, uniforms[t])
             row = np.zeros(V, np.float32)
             row[cand[t]] = q
             return int(cand[t, i]), row
@@ -93,21 +92,13 @@ def _pick(t, allowed, prev, lattice, cand, unary, own, sampling, uniforms):
     if sampling.greedy:
         return int(np.argmax(scores)), None
     q = _softmax(scores)  # `own` is already the sampling transform of the drafter's logits
-    return _inverse_cdf(q, uniforms[t]), q.astype(np.float32)
+    return inverse_cdf(q, uniforms[t]), q.astype(np.float32)
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     e = np.exp(x - np.max(x))
     return e / e.sum()
-
-
-def _inverse_cdf(q: np.ndarray, u: float) -> int:
-    """The index whose CDF interval holds u, never one with q = 0."""
-    # The first index whose CDF passes u has q > 0; past the end (a CDF short of 1) take the last
-    # token with q > 0, as the walk does (selector.walk_sampled).
-    i = int(np.searchsorted(np.cumsum(q), u, side="right"))
-    return min(i, int(np.flatnonzero(q > 0)[-1]))
 
 
 def _one_hot(token: int, V: int) -> np.ndarray:

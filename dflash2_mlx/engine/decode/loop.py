@@ -74,9 +74,9 @@ def generate_step(
                 # next step can be launched first.
                 choice = _decide(policy, left - 1)
                 ahead = None
-                if choice is not None and choice.block == 1 and rule is None:
+                if choice is not None and choice.block == 1 and not (rule is not None and rule.needs_tokens):
                     key, sub = split_key(key)
-                    ahead = PlainStep.launch(pair, cache, plain.token, sample, sub)
+                    ahead = PlainStep.launch(pair, cache, plain.token, sample, sub, rule)
                 outcome, plain = plain.finish(profiler), ahead
             else:
                 key, k_draft, k_accept = split_key(key, 3)

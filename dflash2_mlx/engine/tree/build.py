@@ -19,6 +19,7 @@ import numpy as np
 from ..logit_transform import LogitTransform
 from ..drafter.propose import selector_inputs
 from ..drafter.selector import score_lattice, top_k_candidates
+from ..sampling import inverse_cdf
 
 # Candidates per position for DFlash (v1) drafters: a tree of at most 16 rows
 # never has more than 15 children under one node.
@@ -137,7 +138,7 @@ def build_tree(logq: np.ndarray, cand: np.ndarray, anchor: int, rows: int,
     return DraftTree(tokens, parents, proposals)
 
 
-def spine_q(row: np.ndarray, cand_row: np.ndarray, path: tuple, admit: Optional[Callable]) -> np.ndarray:
+def spine_q(row: np.ndarray, cand_row: Optional[np.ndarray], path: tuple, admit: Optional[Callable]) -> np.ndarray:
     """The q a spine node is drawn from: the lattice row's probabilities over the
     candidates `admit` lets follow `path` (all of them without a grammar), normalised;
     all zero when none may."""
@@ -155,12 +156,10 @@ def sample_spine(logq: np.ndarray, uniforms: np.ndarray, length: int, cand: Opti
     when `admit` is given, ending where no candidate may follow)."""
     picks, prev, path = [], 0, ()
     for t in range(min(length, logq.shape[0])):
-        q = spine_q(logq[t, prev], cand[t] if cand is not None else np.zeros(logq.shape[-1]), path, admit)
+        q = spine_q(logq[t, prev], cand[t] if cand is not None else None, path, admit)
         if q.sum() == 0:
             break
-        cdf = np.cumsum(q)
-        support = np.flatnonzero(q > 0)
-        prev = int(min(np.searchsorted(cdf, uniforms[t], side="right"), support[-1]))
+        prev = inverse_cdf(q, uniforms[t])
         picks.append(prev)
         if cand is not None:
             path = path + (int(cand[t, prev]),)
