@@ -213,27 +213,26 @@ class Answer:
         tool_stream = ToolStreamer(self.call.tools) if self.call.tools.parse else None
         called, open_call = False, None  # the id of the tool_use block being streamed
 
+        def arguments(text):
+            return [event("content_block_delta", {"index": index, "delta": {
+                "type": "input_json_delta", "partial_json": text}})] if text else []
+
         def tool_use(piece):
             # A tool_use block: its start (input {}), the arguments as input_json_delta
             # pieces (as they are written in a JSON-body format, else at once), its stop.
             nonlocal index, kind, called, open_call
-            out = []
-            if isinstance(piece, (CallStart, ToolCall)) and piece.id != open_call:
-                if kind is not None:
-                    out.append(event("content_block_stop", {"index": index}))
-                index, kind, called, open_call = index + 1, None, True, piece.id
-                start = {"type": "tool_use", "id": _tool_use_id(piece.id), "name": piece.name, "input": {}}
-                out.append(event("content_block_start", {"index": index, "content_block": start}))
-                if isinstance(piece, ToolCall):  # whole: all its arguments at once
-                    piece = CallArgs(piece.id, piece.arguments), piece
-            pieces = piece if isinstance(piece, tuple) else (piece,)
-            for p in pieces:
-                if isinstance(p, CallArgs) and p.text:
-                    out.append(event("content_block_delta", {"index": index, "delta": {
-                        "type": "input_json_delta", "partial_json": p.text}}))
-                elif isinstance(p, ToolCall):
-                    out.append(event("content_block_stop", {"index": index}))
-                    open_call = None
+            if isinstance(piece, CallArgs):
+                return arguments(piece.text)
+            if piece.id == open_call:  # the ToolCall closing the streamed block
+                open_call = None
+                return [event("content_block_stop", {"index": index})]
+            out = [event("content_block_stop", {"index": index})] if kind is not None else []
+            index, kind, called, open_call = index + 1, None, True, piece.id
+            start = {"type": "tool_use", "id": _tool_use_id(piece.id), "name": piece.name, "input": {}}
+            out.append(event("content_block_start", {"index": index, "content_block": start}))
+            if isinstance(piece, ToolCall):  # came whole: all its arguments at once, then its stop
+                open_call = None
+                out += arguments(piece.arguments) + [event("content_block_stop", {"index": index})]
             return out
 
         def deltas(reasoning, content, final=False):

@@ -20,7 +20,7 @@ from .fields import check_range
 from .sampling_fields import check_model, check_prompt_length, read_logits, read_max_tokens, read_sampling
 from .settings import ServeSettings
 from .structured import read_response_format
-from .tools import CallArgs, CallStart, ToolCall, ToolPlan, ToolStreamer, plan_tools
+from .tools import CallArgs, ToolCall, ToolPlan, ToolStreamer, plan_tools
 from .usage import speculative_usage
 
 
@@ -196,15 +196,13 @@ class Answer:
 
     def __init__(self, call: Call, model_id: str, tokenizer=None):
         self.call, self.model, self.tokenizer = call, model_id, tokenizer
-        self._logprobs: list = []  # streamed entries not yet sent
+        self.unsent: list = []  # streamed Deltas whose log-probabilities have not gone out yet
         prefix = "chatcmpl" if call.chat else "cmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.splitter = ReasoningSplitter(*call.think)
         self.tool_stream = ToolStreamer(call.tools) if call.tools.parse else None
-        self.calls = 0  # tool calls streamed so far
-        self._indices: dict = {}  # call id -> its index in the stream
-        self._started: set = set()  # ids whose arguments stream as CallArgs
+        self._indices: dict = {}  # streamed tool call id -> its index in the stream
 
     def _envelope(self, chunk: bool) -> dict:
         kind = ("chat.completion" if self.call.chat else "text_completion") + (".chunk" if chunk and self.call.chat else "")
@@ -214,12 +212,10 @@ class Answer:
         """The `logprobs` object of these tokens, in the chat or the completions shape."""
         if self.call.request.top_logprobs is None:
             return None
+        if self.call.chat:
+            return {"content": logprob_entries(self.tokenizer, deltas)}
         entries = [(d.token, d.logprobs) for d in deltas if d.logprobs is not None]
         name = lambda t: self.tokenizer.decode([t])  # noqa: E731
-        if self.call.chat:
-            return {"content": [{"token": name(t), "logprob": lp.logprob, "bytes": list(name(t).encode()),
-                                 "top_logprobs": [{"token": name(i), "logprob": v, "bytes": list(name(i).encode())}
-                                                  for i, v in lp.top]} for t, lp in entries]}
         offsets, at = [], 0
         for t, _ in entries:
             offsets.append(at)
@@ -246,7 +242,7 @@ class Answer:
 
     def chunk(self, delta: Optional[dict] = None, text: str = "", finish: Optional[str] = None) -> str:
         # Log-probabilities of the tokens streamed so far ride on the next chunk that goes out.
-        logprobs, self._logprobs = (self.logprobs(self._logprobs) if self._logprobs else None), []
+        logprobs, self.unsent = (self.logprobs(self.unsent) if self.unsent else None), []
         if self.call.chat:
             choice = {"index": 0, "delta": delta or {}, "finish_reason": finish, "logprobs": logprobs}
         else:
@@ -266,34 +262,30 @@ class Answer:
         pieces = [content] if self.tool_stream is None else self.tool_stream.feed(content)
         if final and self.tool_stream is not None:
             pieces += self.tool_stream.flush()
-        self.note_start(pieces)
         for piece in pieces:
-            if isinstance(piece, (CallStart, ToolCall)) and piece.id not in self._indices:
+            if isinstance(piece, str):
+                if piece:
+                    out.append(self.chunk({"content": piece}))
+            elif isinstance(piece, CallArgs):
+                out.append(self._arguments_chunk(piece.id, piece.text))
+            elif piece.id not in self._indices:  # a CallStart, or a ToolCall that came whole
                 out.append(self._call_head(piece))
-            if isinstance(piece, CallArgs) or (isinstance(piece, ToolCall) and not self._streamed(piece)):
-                index = self._indices[piece.id]
-                text = piece.text if isinstance(piece, CallArgs) else piece.arguments
-                out.append(self.chunk({"tool_calls": [{"index": index, "function": {"arguments": text}}]}))
-            elif isinstance(piece, str) and piece:
-                out.append(self.chunk({"content": piece}))
+                if isinstance(piece, ToolCall):
+                    out.append(self._arguments_chunk(piece.id, piece.arguments))
+            # else: the ToolCall closing a call whose arguments already streamed
         return out
 
     def _call_head(self, call) -> str:
         """A tool call's first chunk, as OpenAI streams one: index, id and name."""
         index = self._indices[call.id] = len(self._indices)
-        self.calls = len(self._indices)
         head = {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
         return self.chunk({"tool_calls": [head]})
 
-    def _streamed(self, call: ToolCall) -> bool:
-        """Its arguments went out as CallArgs (a CallStart came first)."""
-        return call.id in self._started
-
-    def note_start(self, pieces) -> None:
-        self._started.update(p.id for p in pieces if isinstance(p, CallStart))
+    def _arguments_chunk(self, call_id: str, text: str) -> str:
+        return self.chunk({"tool_calls": [{"index": self._indices[call_id], "function": {"arguments": text}}]})
 
     def finish_reason(self, fin: Finished) -> str:
-        return "tool_calls" if self.calls and fin.finish_reason == "stop" else fin.finish_reason
+        return "tool_calls" if self._indices and fin.finish_reason == "stop" else fin.finish_reason
 
 
 async def stream(job: Job, answer: Answer) -> AsyncIterator[str]:
@@ -304,7 +296,7 @@ async def stream(job: Job, answer: Answer) -> AsyncIterator[str]:
             yield answer.chunk({"role": "assistant", "content": ""})
         elif isinstance(event, Delta):
             if event.logprobs is not None:
-                answer._logprobs.append(event)
+                answer.unsent.append(event)
             for chunk in answer.text_chunks(event.text):
                 yield chunk
         elif isinstance(event, Finished):
@@ -316,6 +308,17 @@ async def stream(job: Job, answer: Answer) -> AsyncIterator[str]:
         elif isinstance(event, Failed):
             yield sse(ApiError(event.status, event.message).openai_body())
     yield "data: [DONE]\n\n"
+
+
+def logprob_entries(tokenizer, deltas) -> list[dict]:
+    """Each token's log-probability entry (token, logprob, bytes, top_logprobs), the shape chat
+    completions and the Responses API share."""
+    def entry(token: int, logprob: float) -> dict:
+        text = tokenizer.decode([token])
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return [{**entry(d.token, d.logprobs.logprob), "top_logprobs": [entry(i, v) for i, v in d.logprobs.top]}
+            for d in deltas if d.logprobs is not None]
 
 
 def _tool_call_json(call: ToolCall) -> dict:

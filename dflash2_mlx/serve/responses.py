@@ -19,7 +19,7 @@ from typing import AsyncIterator, Optional
 from .errors import ApiError
 from .fields import get
 from .jobs import Delta, Failed, Finished, GenerationRequest, Job
-from .openai import read_message, read_tool_call
+from .openai import logprob_entries, read_message, read_tool_call
 from .render import ReasoningSplitter, conversation_ids, starts_thinking, think_tags
 from .fields import check_range
 from .sampling_fields import check_model, check_prompt_length, read_logits, read_max_tokens, read_sampling
@@ -185,18 +185,11 @@ class Answer:
         if content or not calls:
             output.append(_message_item(content))
             if self.call.request.top_logprobs is not None:
-                output[-1]["content"][0]["logprobs"] = self._logprobs(deltas)
+                output[-1]["content"][0]["logprobs"] = logprob_entries(self.tokenizer, deltas)
         output += [_call_item(c) for c in calls]
         response = self._object("completed", output, fin)
         self.keep(response, content, calls, store)
         return response
-
-    def _logprobs(self, deltas) -> list:
-        """Every generated token's entry (the output text's, as the Responses API lists them)."""
-        name = lambda t: self.tokenizer.decode([t])  # noqa: E731
-        return [{"token": name(d.token), "logprob": d.logprobs.logprob, "bytes": list(name(d.token).encode()),
-                 "top_logprobs": [{"token": name(i), "logprob": v, "bytes": list(name(i).encode())}
-                                  for i, v in d.logprobs.top]} for d in deltas if d.logprobs is not None]
 
     def keep(self, response: dict, content: str, calls: list[ToolCall], store: ResponseStore) -> None:
         """Store the response and the conversation after it (unless store: false)."""
