@@ -31,6 +31,7 @@ def bench(
     min_p: o.MinP = 0.0,
     seed: o.Seed = 0,
     draft_quant: o.DraftQuant = None,
+    draft_window: o.DraftWindow = None,
     system_prompt: o.SystemPrompt = None,
     ignore_chat_template: o.IgnoreChatTemplate = False,
     chat_template_config: o.ChatTemplateConfig = None,
@@ -48,6 +49,7 @@ def bench(
     """
     sampling = o.sampling_params(temp, top_p, top_k, min_p, seed)
     o.check_max_tokens(max_tokens)
+    o.check_draft_window(draft_window)
     if repeats < 1:
         raise DFlashError(f"--repeats {repeats} must be at least 1")
     sizes = _parse_sizes(block_sizes) if block_sizes else None
@@ -77,13 +79,14 @@ def bench(
     from .main import command_typed  # imported by now: it runs this command
 
     ui.progress_note("loading models…")
-    first, tokenizer = load_pair(model, drafter, draft_quant)
+    first, tokenizer = load_pair(model, drafter, draft_quant, draft_window=draft_window)
     target = first.target
     pairs = [first] if first.drafter is not None else []
     if dflash_drafter:
         from dflash2_mlx.loading.quantize import DraftQuant, quantize_drafter
 
         second = Pair.make(target, load_drafter(resolve_builtin(dflash_drafter, "drafter")))
+        second.drafter.set_context_window(draft_window)
         if first.drafter is not None and second.kind == first.kind:
             raise DFlashError(f"--drafter and --dflash-drafter are both {mode_name(first.kind)} drafters: "
                               "benchmark them in separate runs")

@@ -25,6 +25,7 @@ def chat(
     recalibrate: o.Recalibrate = False,
     tree: o.Tree = 0,
     draft_quant: o.DraftQuant = None,
+    draft_window: o.DraftWindow = None,
     system_prompt: o.SystemPrompt = None,
     ignore_chat_template: o.IgnoreChatTemplate = False,
     chat_template_config: o.ChatTemplateConfig = None,
@@ -46,6 +47,7 @@ def chat(
     sampling = o.sampling_params(temp, top_p, top_k, min_p, seed)
     o.check_max_tokens(max_tokens)
     o.check_tree(tree)
+    o.check_draft_window(draft_window)
     template_kwargs = o.parse_template_config(chat_template_config)
     drafter = o.drafter_for(model, drafter, ar)
     if distributed.wants_ranks(processes, hostfile):
@@ -61,8 +63,8 @@ def chat(
     from dflash2_mlx.text.stats import mode_name
 
     ui.progress_note("loading models…")
-    pair, tokenizer = load_pair(model, drafter, draft_quant,
-                                group=rank.group if rank else None, time_collectives=time_collectives)
+    pair, tokenizer = load_pair(model, drafter, draft_quant, group=rank.group if rank else None,
+                                time_collectives=time_collectives, draft_window=draft_window)
     o.check_tree_fits(pair, tree)
     # No conversation yet: a measurement (first use on this machine only) reads a built-in prompt.
     probe = build_prompt(tokenizer, SUITES["code"][0])

@@ -24,6 +24,7 @@ def compare(
     recalibrate: o.Recalibrate = False,
     tree: o.Tree = 0,
     draft_quant: o.DraftQuant = None,
+    draft_window: o.DraftWindow = None,
     system_prompt: o.SystemPrompt = None,
     ignore_chat_template: o.IgnoreChatTemplate = False,
     chat_template_config: o.ChatTemplateConfig = None,
@@ -46,6 +47,7 @@ def compare(
     sampling = o.sampling_params(temp, top_p, top_k, min_p, seed)
     o.check_max_tokens(max_tokens)
     o.check_tree(tree)
+    o.check_draft_window(draft_window)
     if repeats < 1:
         raise DFlashError(f"--repeats {repeats} must be at least 1")
     if replay_speed <= 0:
@@ -70,7 +72,7 @@ def compare(
 
     from .main import command_typed  # imported by now: it runs this command
 
-    pair, tokenizer = load_pair(model, drafter, draft_quant)
+    pair, tokenizer = load_pair(model, drafter, draft_quant, draft_window=draft_window)
     ids = build_prompt(tokenizer, text, system_prompt, not ignore_chat_template, template_kwargs)
     o.check_prompt_fits(pair, len(ids))
     o.check_tree_fits(pair, tree)

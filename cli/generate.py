@@ -24,6 +24,7 @@ def generate(
     recalibrate: o.Recalibrate = False,
     tree: o.Tree = 0,
     draft_quant: o.DraftQuant = None,
+    draft_window: o.DraftWindow = None,
     system_prompt: o.SystemPrompt = None,
     ignore_chat_template: o.IgnoreChatTemplate = False,
     chat_template_config: o.ChatTemplateConfig = None,
@@ -46,12 +47,14 @@ def generate(
     sampling = o.sampling_params(temp, top_p, top_k, min_p, seed)
     o.check_max_tokens(max_tokens)
     o.check_tree(tree)
+    o.check_draft_window(draft_window)
     block_size = o.parse_block_size(block_size)
     grammar = read_grammar(json_schema, regex)
-    if ar and (block_size != "auto" or draft_quant or tree):
+    if ar and (block_size != "auto" or draft_quant or tree or draft_window):
         import warnings
 
-        warnings.warn("--block-size, --tree and --draft-quant do nothing with --ar (no drafter is used)")
+        warnings.warn("--block-size, --tree, --draft-quant and --draft-window do nothing with --ar "
+                      "(no drafter is used)")
     template_kwargs = o.parse_template_config(chat_template_config)
     drafter = o.drafter_for(model, drafter, ar)
     text = o.read_prompt(prompt)
@@ -64,8 +67,8 @@ def generate(
     from dflash2_mlx.text.generate import stream_generate
     from dflash2_mlx.text.prompt import build_prompt
 
-    pair, tokenizer = load_pair(model, drafter, draft_quant,
-                                group=rank.group if rank else None, time_collectives=time_collectives)
+    pair, tokenizer = load_pair(model, drafter, draft_quant, group=rank.group if rank else None,
+                                time_collectives=time_collectives, draft_window=draft_window)
     if rank is not None:
         rank.watch(pair.target)
     if model == "builtin" and not json_output:

@@ -49,6 +49,14 @@ Tree = Annotated[
                       "(0 = the chain of --block-size rows; try 8 or 16). Targets with recurrent layers "
                       "fall back to the chain."),
 ]
+DraftWindow = Annotated[
+    Optional[int],
+    typer.Option("--draft-window", metavar="N",
+                 help="Speed and memory knob for long contexts: the drafter attends to the first few context rows "
+                      "and the latest N (default: the drafter's own attention, all rows or its sliding window). "
+                      "The output is unchanged: the target still verifies every token; only acceptance may drop.",
+                 show_default=False),
+]
 DraftQuant = Annotated[
     Optional[str],
     typer.Option("--draft-quant", help="Quantize the drafter in memory, e.g. w4a32:gs64, w8a32, w4abf16."),
@@ -181,6 +189,14 @@ def check_tree(rows: int) -> None:
 
     if rows < 0 or rows == 1:
         raise DFlashError(f"--tree {rows}: use 0 for the chain or N >= 2 rows per verify pass (e.g. 8 or 16)")
+
+
+def check_draft_window(rows: Optional[int]) -> None:
+    from dflash2_mlx.errors import DFlashError
+
+    if rows is not None and rows < 1:
+        raise DFlashError(f"--draft-window {rows}: keep at least 1 recent context row (e.g. 256 or 1024), "
+                          "or leave it out for the drafter's own attention")
 
 
 def check_prompt_fits(pair, prompt_tokens: int) -> None:

@@ -58,6 +58,7 @@ def serve(
     recalibrate: o.Recalibrate = False,
     tree: o.Tree = 0,
     draft_quant: o.DraftQuant = None,
+    draft_window: o.DraftWindow = None,
     max_prompt_tokens: MaxPromptTokens = None,
     max_tokens: DefaultMaxTokens = 512,
     cache_bytes: CacheBytes = "4GB",
@@ -83,13 +84,15 @@ def serve(
         raise DFlashError(f"--max-queue {max_queue} must be 0 or more")
     o.check_max_tokens(max_tokens)
     o.check_tree(tree)
+    o.check_draft_window(draft_window)
     if max_prompt_tokens is not None and max_prompt_tokens < 1:
         raise DFlashError(f"--max-prompt-tokens {max_prompt_tokens} must be at least 1")
     block_size = o.parse_block_size(block_size)
-    if ar and (block_size != "auto" or draft_quant or tree):
+    if ar and (block_size != "auto" or draft_quant or tree or draft_window):
         import warnings
 
-        warnings.warn("--block-size, --tree and --draft-quant do nothing with --ar (no drafter is used)")
+        warnings.warn("--block-size, --tree, --draft-quant and --draft-window do nothing with --ar "
+                      "(no drafter is used)")
     if served_model_name and not all(name.strip() for name in served_model_name):
         raise DFlashError("--served-model-name is empty: give the name clients will see")
     if api_key is not None and not api_key.strip():
@@ -115,7 +118,7 @@ def serve(
 
     def load():  # runs on the engine's thread (MLX streams are per thread)
         pair, tokenizer = load_pair(model, drafter, draft_quant, group=rank.group if rank else None,
-                                    time_collectives=time_collectives)
+                                    time_collectives=time_collectives, draft_window=draft_window)
         # A bad value fails here, not per request; auto reads (or measures once) this machine's costs.
         from dflash2_mlx.text.prompt import build_prompt
         from dflash2_mlx.tools.suites import SUITES

@@ -6,6 +6,7 @@ from typing import Optional
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from ..engine.drafter.context_caches import check_draft_window
 from ..engine.pair import Pair
 from ..errors import DFlashError
 from .builtin import resolve_builtin
@@ -21,18 +22,23 @@ def load_pair(
     tokenizer_config: Optional[dict] = None,
     group: Optional[mx.distributed.Group] = None,
     time_collectives: bool = True,
+    draft_window: Optional[int] = None,
 ) -> tuple[Pair, object]:
     """Load target (+ drafter), check they fit, quantize the drafter if asked.
 
     Returns (Pair, tokenizer); the pair has no drafter when `drafter_ref` is
     None. The drafter is loaded first: its config is cheap to check. With a
     distributed `group` the target is split over its ranks and the drafter
-    loaded whole on each (see `load_target`).
+    loaded whole on each (see `load_target`). `draft_window` N bounds the
+    drafter's full-attention context to its first rows and the latest N
+    (`Drafter.set_context_window`; None: the checkpoint's own attention).
     """
+    check_draft_window(draft_window)  # before anything loads
     quant = DraftQuant.parse(draft_quant) if draft_quant else None
     drafter = None
     if drafter_ref:
         drafter = load_drafter(resolve_builtin(drafter_ref, "drafter"), activation_dtype=activation_dtype)
+        drafter.set_context_window(draft_window)
         if quant and is_quantized(drafter):  # quantizing packed weights again would be silently skipped
             raise DFlashError(f"drafter '{drafter_ref}' is already quantized: drop --draft-quant, or quantize "
                               "the original (unquantized) drafter instead")

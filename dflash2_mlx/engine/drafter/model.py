@@ -16,6 +16,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 
 from .activations import gated
 from .config import DrafterConfig
+from .context_caches import ContextWindowCache, SinkWindowCache, check_draft_window
 from .conv import TwoTapConv
 from .selector import CandidateSelector
 from ..window import decode_window_mask
@@ -64,49 +65,6 @@ class DrafterAttention(nn.Module):
         # allows (all of them on full-attention layers).
         out = mx.fast.scaled_dot_product_attention(q, kb, vb, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(N, B, -1))
-
-
-class ContextWindowCache:
-    """Context cache of a sliding drafter layer: only the last `size` rows
-    (window − 1) are attended, so memory stays bounded; `room` is the rows it
-    can roll back (as `WindowKVCache.room`): that many extra rows are kept so
-    a multi-turn caller can rewind up to one block exactly. Rows carry RoPE at
-    their absolute positions, so `offset` counts every row ever added, and
-    attention over context rows does not depend on their order."""
-
-    def __init__(self, size: int, room: int = 16):
-        self.size, self.room = size, room
-        self.keys = self.values = None
-        self.offset = 0
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array):
-        self.offset += keys.shape[2]
-        if self.keys is not None:
-            keys = mx.concatenate([self.keys, keys], axis=2)
-            values = mx.concatenate([self.values, values], axis=2)
-        keep = self.size + self.room
-        self.keys, self.values = keys[:, :, -keep:], values[:, :, -keep:]
-        return self.keys_and_values()
-
-    def keys_and_values(self):
-        return self.keys[:, :, -self.size :], self.values[:, :, -self.size :]
-
-    @property
-    def state(self):
-        return self.keys, self.values
-
-    def is_trimmable(self) -> bool:
-        return True
-
-    def trim(self, n: int) -> int:
-        n = min(n, self.offset)
-        stored = 0 if self.keys is None else self.keys.shape[2]
-        if stored - n < min(self.size, self.offset - n):
-            raise ValueError(f"cannot rewind {n} rows: only {self.room} rows beyond the window are kept")
-        self.offset -= n
-        if n:
-            self.keys, self.values = self.keys[:, :, : stored - n], self.values[:, :, : stored - n]
-        return n
 
 
 class CachedContext:
@@ -206,11 +164,27 @@ class Drafter(nn.Module):
         # Norms are never quantized, so their dtype is the activation dtype.
         return self.norm.weight.dtype
 
+    # `--draft-window N` (set_context_window): full-attention layers keep the sink
+    # rows and the latest N context rows; None keeps the checkpoint's attention.
+    context_window: Optional[int] = None
+
+    def set_context_window(self, rows: Optional[int]) -> None:
+        """Bound the context of full-attention layers to the first `SINK_ROWS`
+        and the latest `rows` rows in caches made from now on (None: all rows).
+        A speed and memory knob: the target still verifies every token, so the
+        output does not change; sliding layers keep their trained window."""
+        check_draft_window(rows)
+        self.context_window = rows
+
     def make_cache(self) -> list:
-        """One context cache per layer; sliding layers keep only their window."""
+        """One context cache per layer; sliding layers keep only their window,
+        full-attention layers everything or, with a context window, its rows."""
+        def full():
+            return KVCache() if self.context_window is None else SinkWindowCache(self.context_window)
+
         return [
             ContextWindowCache(layer.self_attn.sliding_window - 1)
-            if layer.self_attn.sliding_window is not None else KVCache()
+            if layer.self_attn.sliding_window is not None else full()
             for layer in self.layers
         ]
 
