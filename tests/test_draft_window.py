@@ -220,3 +220,27 @@ def test_multi_turn_continuation_with_the_window_stays_lossless(builtin, windowe
     ar, _ = _tokens(pair.without_drafter(), tokenizer, whole, max_tokens=24)
     fresh, _ = _tokens(windowed[0], tokenizer, whole, max_tokens=24)
     assert continued == ar == fresh
+
+
+def test_serve_prompt_cache_pool_with_the_window(builtin, windowed):
+    """A next turn rewinds the pooled entry by a few rows (a hit); a branch far back,
+    past the window's room, is read again from the start (a miss); both lossless."""
+    from dflash2_mlx.serve.cache_pool import PromptCachePool
+
+    pair, tokenizer = windowed
+    pool = PromptCachePool(1 << 30, lambda: DecodeCache(pair.target.make_cache(), pair.drafter.make_cache()))
+
+    def request(ids):
+        cache, reused = pool.take(ids)
+        got, _ = _tokens(pair, tokenizer, ids[reused - 1:] if reused else ids, max_tokens=16, prompt_cache=cache)
+        pool.put(cache)
+        assert got == _tokens(builtin[0].without_drafter(), tokenizer, ids, max_tokens=16)[0]
+        return got, reused
+
+    first = _prompt(tokenizer, 120)
+    answer, _ = request(first)
+    edited_end = first + answer[:12] + [7, 8, 9]  # the answer's last rows rewritten: within the room
+    _, reused = request(edited_end)
+    assert reused == len(first) + 12 and pool.hits == 1
+    _, reused = request(first[:40] + [7, 8, 9])  # a branch 80 rows back: past the room
+    assert reused == 0 and pool.misses == 2
