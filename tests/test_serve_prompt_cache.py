@@ -4,6 +4,7 @@ an edited turn, and bad cache files (docs/prompt-cache.md)."""
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -65,8 +66,12 @@ def test_memory_hit_gives_the_same_text(first):
     assert warm_usage["dflash2_prompt_cache"]["disk_tokens"] == 0
 
 
+ORPHAN = ".tmp-999999-" + "0" * 64 + ".safetensors"  # as a writer killed mid-write leaves it
+
+
 @pytest.fixture(scope="module")
 def restarted(tmp_path_factory, folder, first):
+    (folder / ORPHAN).write_bytes(b"half a file")
     # Memory off: every hit below is read from disk.
     server = Server(*ARGS, "--cache-dir", str(folder), "--cache-bytes", "0", tmp=tmp_path_factory.mktemp("b"))
     yield server
@@ -74,8 +79,9 @@ def restarted(tmp_path_factory, folder, first):
     assert code == 0 and "Traceback" not in log, log
 
 
-def test_restart_reads_the_prefix_from_disk(first, restarted):
+def test_restart_reads_the_prefix_from_disk(first, folder, restarted):
     (text, usage), _, _ = first
+    assert not (folder / ORPHAN).exists()  # a dead writer's temporary file: removed, never read
     again, u = ask(restarted, SYSTEM, QUESTION)
     assert again == text
     assert cached(u) == 1280 and u["dflash2_prompt_cache"]["disk_tokens"] == 1280
@@ -96,31 +102,39 @@ def test_an_edited_turn_reuses_up_to_the_edit_and_the_first_branch_stays(first, 
     assert again == text and cached(u) == 1280
 
 
-def test_bad_cache_files_are_skipped_with_one_line_each(tmp_path_factory, folder, first, restarted):
-    """A foreign, a corrupt and a truncated block are each skipped in one line
-    (memory off, so every request reads the disk), and a dead writer's
-    temporary file is removed unread; every answer stays the cold one."""
+def test_bad_cache_files_are_skipped_with_one_line_each(first, folder, restarted):
+    """The last block of the prompt turned foreign, then corrupt, then
+    truncated while the server runs (memory off: every request reads the
+    disk): each is skipped in one line and rebuilt; every answer is the cold one."""
     (text, _), _, _ = first
-    restarted.stop()
     chain = chain_files(folder)
-    chain[2].write_bytes(chain[1].read_bytes())  # foreign: another block's file under this name
-    data = bytearray(chain[3].read_bytes())
+    last = chain[4]
+    faults = [lambda: last.write_bytes(chain[3].read_bytes()),  # foreign: another block's file
+              lambda: last.write_bytes(flip(last.read_bytes())),  # corrupt
+              lambda: last.write_bytes(last.read_bytes()[:1000])]  # truncated
+    for fault in faults:
+        wait_for(last)  # rewritten after the answer before
+        fault()
+        again, u = ask(restarted, SYSTEM, QUESTION)
+        assert again == text and cached(u) == 1024
+    skipped = [line for line in restarted.output().splitlines() if "prompt cache:" in line]
+    assert len(skipped) == 3 and all(last.name in line for line in skipped), skipped
+    wait_for(last)
+    again, u = ask(restarted, SYSTEM, QUESTION)
+    assert again == text and cached(u) == 1280 and restarted.metric("dflash2_prompt_cache_disk_skipped_total") == 3
+
+
+def flip(data: bytes) -> bytes:
+    data = bytearray(data)
     data[-3] ^= 0xFF
-    chain[3].write_bytes(bytes(data))  # corrupt
-    chain[4].write_bytes(chain[4].read_bytes()[:1000])  # truncated
-    orphan = folder / f".tmp-999999-{'0' * 64}.safetensors"
-    orphan.write_bytes(b"half a file")  # as a writer killed mid-write leaves it
-    server = Server(*ARGS, "--cache-dir", str(folder), "--cache-bytes", "0", tmp=tmp_path_factory.mktemp("c"))
-    try:
-        assert not orphan.exists()
-        answers = [ask(server, SYSTEM, QUESTION) for _ in range(4)]
-    finally:
-        code, log = server.stop()
-    assert code == 0 and "Traceback" not in log, log
-    assert [a for a, _ in answers] == [text] * 4
-    assert [cached(u) for _, u in answers] == [512, 768, 1024, 1280]
-    skipped = [line for line in log.splitlines() if "prompt cache: skipped" in line]
-    assert len(skipped) == 3 and all(chain[d].name in line for d, line in zip((2, 3, 4), skipped)), log
+    return bytes(data)
+
+
+def wait_for(path: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert path.exists()
 
 
 def chain_files(folder: Path) -> dict[int, Path]:
