@@ -208,7 +208,10 @@ class EngineService:
         ids = list(request.prompt_ids)
         # The prompt's cached blocks, then its other whole blocks run and kept;
         # `prompt` is the rest, starting with the cache's last token.
-        cache, prompt, reuse = self.pool.prepare(ids, self.prefill_step_size)
+        try:
+            cache, prompt, reuse = self.pool.prepare(ids, self.prefill_step_size)
+        except DFlashError as e:
+            return Failed(str(e), 400)
         started(len(ids), reuse.tokens)
         if self.on_busy is not None:
             self.on_busy(True)

@@ -42,6 +42,7 @@ class DiskTier:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.hits = self.writes = self.skipped = 0
         self._sizes: dict[str, int] = {}  # key -> bytes, oldest use first
+        self.nbytes = 0  # a count, not a sum: /metrics reads it from another thread
         self._too_big_warned = False
         self._scan()
 
@@ -55,10 +56,7 @@ class DiskTier:
                 found.append((st.st_mtime, path.name[: -len(SUFFIX)], st.st_size))
         for _, key, size in sorted(found):
             self._sizes[key] = size
-
-    @property
-    def nbytes(self) -> int:
-        return sum(self._sizes.values())
+        self.nbytes = sum(self._sizes.values())
 
     def __contains__(self, key: str) -> bool:
         return key in self._sizes
@@ -120,6 +118,7 @@ class DiskTier:
             self.warn(f"prompt cache: cannot write to '{self.folder}' ({e.strerror}); this block stays in memory only")
             return
         self._sizes[key] = self._path(key).stat().st_size
+        self.nbytes += self._sizes[key]
         self.writes += 1
         self._evict()
 
@@ -128,7 +127,7 @@ class DiskTier:
         while len(self._sizes) > 1 and self.nbytes > self.max_bytes:
             oldest = next(iter(self._sizes))
             self._path(oldest).unlink(missing_ok=True)
-            del self._sizes[oldest]
+            self.nbytes -= self._sizes.pop(oldest)
 
     def _touch(self, key: str) -> None:
         self._sizes[key] = self._sizes.pop(key)
@@ -139,7 +138,7 @@ class DiskTier:
 
     def _drop(self, key: str, line: str) -> None:
         self.skipped += 1
-        self._sizes.pop(key, None)
+        self.nbytes -= self._sizes.pop(key, 0)
         self._path(key).unlink(missing_ok=True)
         self.warn(line)
 

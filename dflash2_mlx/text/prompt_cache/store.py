@@ -69,6 +69,8 @@ class PromptCache:
         self.fingerprint = pair_fingerprint(pair, self.S)
         self.live = PromptCachePool(settings.memory_bytes, self.new_cache)
         self._blocks: "OrderedDict[str, _Block]" = OrderedDict()  # oldest use first
+        # Kept as a count, not summed: /metrics reads it from another thread.
+        self.block_bytes = 0
         self.memory_hits = 0  # blocks reused from memory, and from disk (disk.hits)
         self.pending: "OrderedDict[str, _Block]" = OrderedDict()  # blocks not yet on disk
         self.disk = (DiskTier(settings.folder, settings.disk_bytes, self.fingerprint, warn)
@@ -79,10 +81,6 @@ class PromptCache:
         return DecodeCache(pair.target.make_cache(), pair.drafter.make_cache() if pair.drafter is not None else None)
 
     # -- sizes (/metrics) -----------------------------------------------------------
-    @property
-    def block_bytes(self) -> int:
-        return sum(b.nbytes for b in self._blocks.values())
-
     @property
     def nbytes(self) -> int:
         """Bytes held in memory (blocks and conversation tails)."""
@@ -109,8 +107,7 @@ class PromptCache:
             if block is None:
                 break
             disk += from_disk
-            self._blocks[key] = block  # read from disk: kept in memory too
-            self._blocks.move_to_end(key)
+            self._remember(key, block)  # read from disk: kept in memory too
             parts.append(block.parts)
         self._trim_memory()
         if not parts or not can_restore(cache, parts):
@@ -201,14 +198,21 @@ class PromptCache:
             return
         mx.eval([p for part in parts for p in part.values() if isinstance(p, mx.array)])
         block = _Block(tuple(tokens), parts, parts_nbytes(parts))
-        self._blocks[key] = block
+        self._remember(key, block)
         if self.disk is not None and key not in self.disk:
             self.pending[key] = block
         self._trim_memory()
 
+    def _remember(self, key: str, block: _Block) -> None:
+        if key not in self._blocks:
+            self._blocks[key] = block
+            self.block_bytes += block.nbytes
+        self._blocks.move_to_end(key)
+
     def _trim_memory(self) -> None:
         while self._blocks and self.block_bytes > self.settings.memory_bytes:
-            self._blocks.popitem(last=False)
+            _, old = self._blocks.popitem(last=False)
+            self.block_bytes -= old.nbytes
 
     def flush(self) -> None:
         """Write the blocks waiting for the disk tier (call between requests)."""
