@@ -159,3 +159,33 @@ def test_a_kill_during_a_write_leaves_nothing_that_is_read(pairs, tmp_path):
     pcache = PromptCache(pair, settings, warn=lines.append)
     assert not list(tmp_path.glob(".tmp-*"))  # the dead writer's temporary file is gone
     assert answer(pair, tok, SYSTEM + [5], pcache)[0] == cold and lines == []
+
+
+def test_chat_resumes_a_conversation_from_disk(pairs, tmp_path):
+    """`chat --cache-dir`: a new session (as after a restart) whose conversation
+    starts like an earlier one reads its blocks from disk, and answers alike."""
+    from dflash2_mlx.text.chat_session import ChatSession
+
+    pair, tok = pairs["qwen3_5"]
+    system = " ".join(f"rule {i} says keep it short" for i in range(12))
+    settings = CacheSettings(block_tokens=S, memory_bytes=0, folder=tmp_path)
+
+    def session():
+        return ChatSession(pair, tok, system_prompt=system, max_tokens=6, block_size=4,
+                           prompt_cache=PromptCache(pair, settings))
+
+    first = session().ask("hello there")
+    second = session()
+    again = second.ask("hello there")
+    assert again.tokens == first.tokens and first.disk_tokens == 0
+    assert again.disk_tokens >= 2 * S and again.reused_tokens == again.disk_tokens
+    assert second.ask("and then?").tokens  # the conversation goes on from the restored caches
+
+
+@pytest.mark.parametrize("command", ["serve", "chat"])
+def test_a_cache_dir_that_is_a_file_is_one_line(cli, tmp_path, command):
+    path = tmp_path / "file"
+    path.write_text("x")
+    code, out, err = cli([command, "--cache-dir", path])
+    assert code != 0 and "--cache-dir" in err and "is a file" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
