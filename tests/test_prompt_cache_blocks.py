@@ -135,7 +135,7 @@ WRITER = """
 import sys, mlx.core as mx
 from dflash2_mlx.text.prompt_cache.disk import DiskTier
 disk = DiskTier(sys.argv[1], 1 << 40, "f" * 64, print)
-part = [{"kind": "rows", "class": "KVCache", "keys": mx.ones((1, 64, 4096, 64)), "values": mx.ones((1, 64, 4096, 64))}]
+part = [{"kind": "rows", "class": "KVCache", "keys": mx.ones((1, 32, 4096, 64)), "values": mx.ones((1, 32, 4096, 64))}]
 mx.eval(part[0]["keys"], part[0]["values"])
 for i in range(1000):
     disk.save(f"{i:064x}", [1, 2], part)
