@@ -31,7 +31,7 @@ MaxPromptTokens = Annotated[
                                              "(prompt and max_tokens must fit it in any case)."),
 ]
 CacheBytes = Annotated[
-    str, typer.Option("--cache-bytes", help="Prompt cache bound across requests, e.g. 4GB, 512MB or bytes (0 = off); least recently used conversations go first."),
+    str, typer.Option("--cache-bytes", help="Prompt cache bound in memory, e.g. 4GB, 512MB or bytes (0 = off), for its blocks and, apart, its conversation tails; least recently used go first."),
 ]
 CacheDiskBytes = Annotated[
     str, typer.Option("--cache-disk-bytes", help="Disk bound of --cache-dir, e.g. 16GB (least recently used blocks go first)."),

@@ -16,10 +16,11 @@ from serve_helpers import Server
 pytestmark = pytest.mark.slow
 
 ARGS = ("--block-size", "4", "--max-tokens", "6")
-# About 1,100 tokens of system prompt and 430 of question on the built-in tokenizer:
-# blocks 0-3 (of 256 tokens) hold only the system prompt, block 4 the question.
+# 1,537 prompt tokens on the built-in tokenizer and chat template: six whole
+# blocks of 256 and one token (so a hit leaves one token to run); about 1,075
+# of system prompt, so blocks 0-3 hold only the system prompt.
 SYSTEM = " ".join(f"Rule {i}: answer briefly and cite line {i * 7}." for i in range(58))
-QUESTION = " ".join(f"Step {i}: add {i} to the total." for i in range(36))
+QUESTION = " ".join(f"Step {i}: add {i} to the total." for i in range(39)) + " ok ok"
 OTHER = "What is the total after every step?"
 
 
@@ -61,8 +62,8 @@ def first(tmp_path_factory, folder):
 
 def test_memory_hit_gives_the_same_text(first):
     (text, usage), _, (warm, warm_usage) = first
-    assert 1280 < usage["prompt_tokens"] < 1536 and cached(usage) == 0
-    assert warm == text and cached(warm_usage) >= 1280
+    assert usage["prompt_tokens"] == 1537 and cached(usage) == 0
+    assert warm == text and cached(warm_usage) == 1536
     assert warm_usage["dflash2_prompt_cache"]["disk_tokens"] == 0
 
 
@@ -84,8 +85,14 @@ def test_restart_reads_the_prefix_from_disk(first, folder, restarted):
     assert not (folder / ORPHAN).exists()  # a dead writer's temporary file: removed, never read
     again, u = ask(restarted, SYSTEM, QUESTION)
     assert again == text
-    assert cached(u) == 1280 and u["dflash2_prompt_cache"]["disk_tokens"] == 1280
-    assert restarted.metric('dflash2_prompt_cache_tier_hits_total{tier="disk"}') == 5
+    assert cached(u) == 1536 and u["dflash2_prompt_cache"]["disk_tokens"] == 1536
+    assert restarted.metric('dflash2_prompt_cache_tier_hits_total{tier="disk"}') == 6
+    # Anthropic counts the same cache reads (memory off: from disk again).
+    body = {"model": "builtin", "max_tokens": 6, "temperature": 0, "system": SYSTEM,
+            "messages": [{"role": "user", "content": QUESTION}]}
+    r = httpx.post(restarted.url + "/v1/messages", json=body, timeout=300).json()
+    assert r["content"][0]["text"] == text
+    assert r["usage"]["cache_read_input_tokens"] == 1536 == r["usage"]["dflash2_prompt_cache"]["disk_tokens"]
 
 
 def test_a_second_conversation_reuses_the_system_prompt(restarted):
@@ -95,11 +102,11 @@ def test_a_second_conversation_reuses_the_system_prompt(restarted):
 
 def test_an_edited_turn_reuses_up_to_the_edit_and_the_first_branch_stays(first, restarted):
     (text, _), _, _ = first
-    edited = QUESTION.replace("Step 10:", "Step ten:")  # inside block 4
+    edited = QUESTION.replace("Step 30:", "Step thirty:")  # inside block 5
     _, u = ask(restarted, SYSTEM, edited)
-    assert cached(u) == 1024
+    assert cached(u) == 1280
     again, u = ask(restarted, SYSTEM, QUESTION)
-    assert again == text and cached(u) == 1280
+    assert again == text and cached(u) == 1536
 
 
 def test_bad_cache_files_are_skipped_with_one_line_each(first, folder, restarted):
@@ -108,20 +115,20 @@ def test_bad_cache_files_are_skipped_with_one_line_each(first, folder, restarted
     disk): each is skipped in one line and rebuilt; every answer is the cold one."""
     (text, _), _, _ = first
     chain = chain_files(folder)
-    last = chain[4]
-    faults = [lambda: last.write_bytes(chain[3].read_bytes()),  # foreign: another block's file
+    last = chain[5]
+    faults = [lambda: last.write_bytes(chain[4].read_bytes()),  # foreign: another block's file
               lambda: last.write_bytes(flip(last.read_bytes())),  # corrupt
               lambda: last.write_bytes(last.read_bytes()[:1000])]  # truncated
     for fault in faults:
         wait_for(last)  # rewritten after the answer before
         fault()
         again, u = ask(restarted, SYSTEM, QUESTION)
-        assert again == text and cached(u) == 1024
+        assert again == text and cached(u) == 1280
     skipped = [line for line in restarted.output().splitlines() if "prompt cache:" in line]
     assert len(skipped) == 3 and all(last.name in line for line in skipped), skipped
     wait_for(last)
     again, u = ask(restarted, SYSTEM, QUESTION)
-    assert again == text and cached(u) == 1280 and restarted.metric("dflash2_prompt_cache_disk_skipped_total") == 3
+    assert again == text and cached(u) == 1536 and restarted.metric("dflash2_prompt_cache_disk_skipped_total") == 3
 
 
 def flip(data: bytes) -> bytes:
@@ -139,8 +146,8 @@ def wait_for(path: Path, timeout: float = 30.0) -> None:
 
 def chain_files(folder: Path) -> dict[int, Path]:
     """The block files of SYSTEM + QUESTION by position (0: the first block),
-    found by following the key chain through the files' headers; block 4 is
-    the one whose text holds "Step 10:" (the edited branch's does not)."""
+    found by following the key chain through the files' headers; block 5 is
+    the one whose text holds "Step 30:" (the edited branch's does not)."""
     import mlx.core as mx
     from tokenizers import Tokenizer
 
@@ -159,8 +166,8 @@ def chain_files(folder: Path) -> dict[int, Path]:
             k, d = parent[k], d + 1
         depth.setdefault(d, []).append(key)
     tokenizer = Tokenizer.from_file(str(next(Path(dflash2_mlx.builtin.__file__).parent.rglob("tokenizer.json"))))
-    chain = {4: next(k for k in depth[4] if "Step 10:" in tokenizer.decode(tokens[k].tolist()))}
-    for d in (3, 2, 1, 0):
+    chain = {5: next(k for k in depth[5] if "Step 30:" in tokenizer.decode(tokens[k].tolist()))}
+    for d in (4, 3, 2, 1, 0):
         chain[d] = parent[chain[d + 1]]
     return {d: folder / f"{k}.safetensors" for d, k in chain.items()}
 
