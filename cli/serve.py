@@ -89,6 +89,10 @@ def serve(
     disk_limit = parse_bytes(cache_disk_bytes, "--cache-disk-bytes")
     if cache_dir is not None:
         check_cache_dir(cache_dir)
+    elif cache_disk_bytes != "16GB":
+        import warnings
+
+        warnings.warn("--cache-disk-bytes does nothing without --cache-dir (the prompt cache stays in memory)")
     if max_queue < 0:
         raise DFlashError(f"--max-queue {max_queue} must be 0 or more")
     o.check_max_tokens(max_tokens)
