@@ -192,3 +192,17 @@ def test_a_cache_dir_that_is_a_file_is_one_line(cli, tmp_path, command):
     code, out, err = cli([command, "--cache-dir", path])
     assert code != 0 and "--cache-dir" in err and "is a file" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_chat_progress_counts_the_blocks_and_the_rest_as_one_prompt(pairs, tmp_path):
+    from dflash2_mlx.text.chat_session import ChatSession
+
+    pair, tok = pairs["qwen3"]
+    system = " ".join(f"rule {i} says keep it short" for i in range(12))
+    session = ChatSession(pair, tok, system_prompt=system, max_tokens=3, block_size=4,
+                          prompt_cache=PromptCache(pair, CacheSettings(block_tokens=S, folder=tmp_path)))
+    seen = []
+    turn = session.ask("hello there", prompt_progress_callback=lambda done, total: seen.append((done, total)))
+    totals = {total for _, total in seen}
+    assert len(totals) == 1 and seen[-1][0] == seen[-1][1] == len(turn.prompt_ids)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen) and seen[0][0] > 0  # blocks first, then the rest

@@ -208,7 +208,8 @@ class ChatSession:
         # The caches hold all reused tokens but the last, which is fed again.
         prompt, disk = (ids[reuse - 1:] if reuse else ids), 0
         if self.prompt_cache is not None:
-            prompt, reuse, disk = self._from_blocks(ids, reuse, prompt)
+            prompt, reuse, disk, ran = self._from_blocks(ids, reuse, prompt_progress_callback)
+            prompt_progress_callback = _after(prompt_progress_callback, ran)
         held = len(self.cache.tokens)
         if self.calibration is None and auto_decides(self.pair, self.block_size, self.tree_rows):
             self.calibration = measure(self.pair, prompt)  # once per session (the CLI passes a cached one)
@@ -252,15 +253,16 @@ class ChatSession:
         self.last = result
         return result
 
-    def _from_blocks(self, ids: list[int], reuse: int, prompt: list[int]) -> tuple[list[int], int, int]:
+    def _from_blocks(self, ids: list[int], reuse: int, progress) -> tuple[list[int], int, int, int]:
         """Start a fresh conversation from the prompt cache's blocks, and keep
-        this turn's whole blocks: (prompt still to run, reused tokens, of them from disk)."""
-        disk = 0
+        this turn's whole blocks: (prompt still to run, reused tokens, of them
+        from disk, tokens the blocks ran now)."""
         if reuse == 0:
-            self.cache, prompt, got = self.prompt_cache.prepare(ids, self.prefill_step_size)
-            return prompt, got.tokens, got.disk
-        self.prompt_cache.extend(self.cache, ids, self.prefill_step_size)
-        return ids[len(self.cache.tokens) - 1:], reuse, disk
+            self.cache, prompt, got = self.prompt_cache.prepare(ids, self.prefill_step_size, progress)
+            return prompt, got.tokens, got.disk, len(ids) - len(prompt) - got.tokens
+        self.prompt_cache.extend(self.cache, ids, self.prefill_step_size, progress)
+        prompt = ids[len(self.cache.tokens) - 1:]
+        return prompt, reuse, 0, len(ids) - len(prompt) - (reuse - 1)
 
     def _repair(self, want: int) -> str:
         """Make sure the caches hold `want` tokens (all but the last one run).
@@ -291,3 +293,11 @@ class ChatSession:
     @property
     def context_tokens(self) -> int:
         return len(self.cache.tokens)
+
+
+def _after(progress, done: int):
+    """`progress` for the rest of a prompt whose first `done` tokens the
+    prompt cache's blocks already ran this turn (one bar, not two)."""
+    if progress is None or done <= 0:
+        return progress
+    return lambda d, total: progress(d + done, total + done)

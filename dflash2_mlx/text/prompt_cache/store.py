@@ -118,12 +118,13 @@ class PromptCache:
         self.memory_hits += len(parts) - disk
         return cache, Reuse(n, disk * self.S)
 
-    def prepare(self, ids: list[int], prefill_step_size: int = 2048) -> tuple[DecodeCache, list[int], Reuse]:
+    def prepare(self, ids: list[int], prefill_step_size: int = 2048,
+                progress: Optional[Callable[[int, int], None]] = None) -> tuple[DecodeCache, list[int], Reuse]:
         """`take`, then `extend`: (caches, the prompt still to run, reuse). Pass
         the prompt to `stream_generate` with `prompt_cache=` the caches, then
         `put` them back (and `flush` when idle)."""
         cache, reuse = self.take(ids)
-        self.extend(cache, ids, prefill_step_size)
+        self.extend(cache, ids, prefill_step_size, progress)
         return cache, (list(ids[len(cache.tokens) - 1 :]) if cache.tokens else list(ids)), reuse
 
     def _held(self, keys: list[str]) -> int:
@@ -143,11 +144,13 @@ class PromptCache:
         parts = self.disk.load(key, tokens) if self.disk is not None else None
         return (None if parts is None else _Block(tuple(tokens), parts, parts_nbytes(parts))), True
 
-    def extend(self, cache: DecodeCache, ids: list[int], prefill_step_size: int = 2048) -> None:
+    def extend(self, cache: DecodeCache, ids: list[int], prefill_step_size: int = 2048,
+               progress: Optional[Callable[[int, int], None]] = None) -> None:
         """Run the whole blocks of `ids` that `cache` does not hold yet (leaving
-        at least one token to run), keeping each as a block."""
+        at least one token to run), keeping each as a block. `progress(done,
+        total)` counts the tokens run here out of those the prompt still needs."""
         keys = block_keys(self.fingerprint, ids[:-1], self.S)
-        ran = max(len(cache.tokens) - 1, 0)
+        ran = start = max(len(cache.tokens) - 1, 0)
         if cache.stale or cache.tokens != list(ids[: len(cache.tokens)]):
             return
         rows_only = all(map(cuts_into_rows, layers_of(cache)))
@@ -159,6 +162,8 @@ class PromptCache:
                 ran = end
                 cache.tokens = list(ids[: end + 1])
                 cache.last_verify = None
+                if progress is not None:
+                    progress(ran - start, len(ids) - start)
             if rows_only or end == ran:  # a snapshot layer can only be read where it stands
                 self._keep(keys[k], ids[k * self.S : end], cache, k * self.S, end)
 
