@@ -136,6 +136,7 @@ class BlockPolicy:
         self.acceptance = self._bands.at(context)
         # Interpolated once per context step: `choose` rates every block size before each step.
         self._cycle = {B: self.costs.cycle(B) for B in range(2, self.max_block + 1)}
+        self._best: Optional[int] = None  # best_block(max_block), until the costs or the acceptance move
 
     # -- the model -----------------------------------------------------------------
     def plain_cost(self) -> float:
@@ -153,7 +154,14 @@ class BlockPolicy:
     def best_block(self, tokens_left: int) -> int:
         """The speculative block size with the highest expected rate."""
         top = max(2, min(self.max_block, tokens_left + 1))
-        return max(range(2, top + 1), key=lambda B: (self.rate(B), -B))
+        if top == self.max_block and self._best is not None:
+            return self._best
+        # The learned scale multiplies every cycle alike, so it never changes which B is best:
+        # only the context's costs and the acceptance do (both drop the cached answer).
+        best = max(range(2, top + 1), key=lambda B: (self.rate(B), -B))
+        if top == self.max_block:
+            self._best = best
+        return best
 
     def _can_ever_win(self) -> bool:
         # Even if every draft were accepted (B tokens per cycle) plain decoding is faster.
@@ -204,6 +212,7 @@ class BlockPolicy:
         # acceptance estimate moves): a probe that beat it is worth following up soon.
         beat_plain = (accepted + 1) / self.cycle_cost(min(drafted + 1, self.max_block)) > self.rate(1)
         self.acceptance.observe(drafted, accepted)
+        self._best = None
         self.tokens += accepted + 1
         if self.mode is Mode.DRAFTING:
             self._cycles_to_retime -= 1
