@@ -208,13 +208,15 @@ class EngineService:
         ids = list(request.prompt_ids)
         # The prompt's cached blocks, then its other whole blocks run and kept;
         # `prompt` is the rest, starting with the cache's last token.
+        if self.on_busy is not None:  # armed before the blocks' prefill (with ranks it runs collectives)
+            self.on_busy(True)
         try:
             cache, prompt, reuse = self.pool.prepare(ids, self.prefill_step_size)
         except DFlashError as e:
+            if self.on_busy is not None:
+                self.on_busy(False)
             return Failed(str(e), 400)
         started(len(ids), reuse.tokens)
-        if self.on_busy is not None:
-            self.on_busy(True)
         responses = stream_generate(
             self.pair, self.tokenizer, prompt, max_tokens=request.max_tokens, sampling=request.sampling,
             block_size=self.block_size, calibration=self.calibration, stop=request.stop,
