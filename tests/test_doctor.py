@@ -17,6 +17,7 @@ from helpers import drafter_folder, target_config, target_folder
 
 def run_json(cli, *argv, expect_code=None):
     code, out, err = cli(["doctor", "--json", *argv])
+    assert out.strip(), err  # a record on stdout, whatever the verdict
     record = json.loads(out)
     assert code == (0 if record["ok"] else 1), err
     if expect_code is not None:

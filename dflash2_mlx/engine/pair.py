@@ -7,8 +7,14 @@ names the mismatched pair and what would fit, because a drafter trained for
 another target otherwise runs silently at ~0 % acceptance.
 """
 
+import hashlib
+import json
 from dataclasses import dataclass, replace
 from typing import Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from ..errors import BlockSizeError, IncompatibleError
 from .drafter.model import Drafter
@@ -77,6 +83,22 @@ class Pair:
     def without_drafter(self) -> "Pair":
         """The same target decoding plainly (the `--ar` baseline)."""
         return replace(self, drafter=None, layer_ids=(), selector_transform=IDENTITY, mask_token_id=None)
+
+    def identity(self) -> dict:
+        """What a measurement or a cached row of this pair is valid for: both models
+        (fingerprinted), their activation dtypes and quantization (drafter: None without one)."""
+        target, drafter = self.target, self.drafter
+        facts = {"target": fingerprint(target.model, [target.model_type, target.num_layers, target.hidden_size,
+                                                      target.vocab_size]),
+                 "drafter": None,
+                 "dtype": {"target": str(target.activation_dtype), "drafter": None},
+                 "quantization": {"target": quantization_of(target.model), "drafter": None}}
+        if drafter is not None:
+            facts["drafter"] = fingerprint(drafter, [drafter.config.kind, len(drafter.layers),
+                                                     drafter.config.hidden_size, drafter.config.block_size])
+            facts["dtype"]["drafter"] = str(drafter.activation_dtype)
+            facts["quantization"]["drafter"] = quantization_of(drafter)
+        return facts
 
 
 def layer_ids_for(drafter: Drafter, target: Target) -> list[int]:
@@ -153,3 +175,19 @@ def selector_transform(drafter: Drafter, target: Target) -> LogitTransform:
     if target.logit_transform.is_identity:
         return declared_transform(drafter)
     return IDENTITY
+
+
+def fingerprint(module: nn.Module, shape: list) -> str:
+    """Shape facts plus a checksum of the norm weights (cheap; retraining changes them)."""
+    h = hashlib.sha1(json.dumps([str(x) for x in shape]).encode())
+    norms = [p for name, p in sorted(tree_flatten(module.parameters())) if "norm" in name][:8]
+    for p in norms:
+        h.update(memoryview(p.astype(mx.float32)).tobytes())
+    return h.hexdigest()[:16]
+
+
+def quantization_of(module: nn.Module) -> list:
+    """(bits, group size) of every quantized layer kind in use, sorted."""
+    found = {(m.bits, m.group_size) for _, m in module.named_modules() if hasattr(m, "bits")}
+    return [list(q) for q in sorted(found)]  # lists: keys built from this must survive a JSON round trip
+

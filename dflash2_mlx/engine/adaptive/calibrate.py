@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import mlx.core as mx
-import mlx.nn as nn
 
 from ...device import backend_name
 from ...errors import DFlashError
@@ -72,37 +71,7 @@ def calibration_key(pair: Pair) -> dict:
         device = mx.device_info().get("device_name", "")
     except Exception:  # older MLX: no device_info
         device = ""
-    target, drafter = pair.target, pair.drafter
-    return {
-        "version": VERSION, "backend": backend_name(), "device": device,
-        "target": _fingerprint(target.model, [target.model_type, target.num_layers, target.hidden_size,
-                                              target.vocab_size]),
-        "drafter": _fingerprint(drafter, [drafter.config.kind, len(drafter.layers), drafter.config.hidden_size,
-                                          drafter.config.block_size]),
-        "dtype": {"target": str(target.activation_dtype), "drafter": str(drafter.activation_dtype)},
-        "quantization": {"target": _quantization(target.model), "drafter": _quantization(drafter)},
-    }
-
-
-def _quantization(module: nn.Module) -> list:
-    """(bits, group size) of every quantized layer kind in use, sorted."""
-    found = {(m.bits, m.group_size) for _, m in module.named_modules() if hasattr(m, "bits")}
-    return [list(q) for q in sorted(found)]  # lists: the key must survive a JSON round trip
-
-
-def _fingerprint(module: nn.Module, shape: list) -> str:
-    """Shape facts plus a checksum of the norm weights (cheap; retraining changes them)."""
-    h = hashlib.sha1(json.dumps([str(x) for x in shape]).encode())
-    norms = [p for name, p in sorted(_params(module)) if "norm" in name][:8]
-    for p in norms:
-        h.update(memoryview(p.astype(mx.float32)).tobytes())
-    return h.hexdigest()[:16]
-
-
-def _params(module: nn.Module):
-    from mlx.utils import tree_flatten
-
-    return tree_flatten(module.parameters())
+    return {"version": VERSION, "backend": backend_name(), "device": device, **pair.identity()}
 
 
 def _pass_times(pair: Pair, prompt_ids, policy, passes: int, profiler=None,

@@ -15,9 +15,6 @@ from typing import Sequence
 import mlx.core as mx
 
 from ...device import backend_name
-# The calibration's fingerprints (shape facts + a checksum of the norm weights)
-# already say "the same checkpoint"; the cache reuses them rather than a second rule.
-from ...engine.adaptive.calibrate import _fingerprint, _quantization
 from ...engine.pair import Pair
 
 # Bump when the stored layout changes: older files then read as foreign.
@@ -28,22 +25,11 @@ def pair_fingerprint(pair: Pair, block_tokens: int) -> str:
     """A hex digest of everything the cached rows depend on: both models,
     their dtypes and quantization, the layers the drafter taps, its context
     window, the target's rollback room, the backend and the block size."""
-    target, drafter = pair.target, pair.drafter
     facts = {
-        "version": FORMAT_VERSION, "backend": backend_name(), "block_tokens": block_tokens,
-        "target": _fingerprint(target.model, [target.model_type, target.num_layers, target.hidden_size,
-                                              target.vocab_size]),
-        "target_dtype": str(target.activation_dtype), "target_quantization": _quantization(target.model),
-        "max_block": getattr(target, "max_block", None), "layer_ids": list(pair.layer_ids or ()),
-        "drafter": None,
+        "version": FORMAT_VERSION, "backend": backend_name(), "block_tokens": block_tokens, **pair.identity(),
+        "max_block": getattr(pair.target, "max_block", None), "layer_ids": list(pair.layer_ids or ()),
+        "context_window": getattr(pair.drafter, "context_window", None),
     }
-    if drafter is not None:
-        facts["drafter"] = {
-            "model": _fingerprint(drafter, [drafter.config.kind, len(drafter.layers), drafter.config.hidden_size,
-                                            drafter.config.block_size]),
-            "dtype": str(drafter.activation_dtype), "quantization": _quantization(drafter),
-            "context_window": getattr(drafter, "context_window", None),
-        }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
