@@ -141,7 +141,9 @@ def serve(
                              default_max_tokens=max_tokens, template_kwargs=template_kwargs,
                              aliases=names[1:], strict_model_names=strict_model_name)
     drain = Drain()
-    app = create_app(service, settings, drain)
+    from dflash2_mlx.tools.compare import race
+
+    app = create_app(service, settings, drain, race=race)
     bound = sock.getsockname()
     mode = "plain autoregressive" if pair.drafter is None else pair.kind
     print(f"serving '{model}' ({mode}) on http://{_url_host(bound[0])}:{bound[1]}  "

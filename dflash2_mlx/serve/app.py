@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import anthropic, openai, responses
+from . import anthropic, openai, responses, web
 from .drain import Drain, retry_after_s
 from .errors import ApiError
 from .jobs import collect
@@ -31,13 +31,14 @@ log = logging.getLogger("dflash2.serve")
 
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
           "/v1/models",
-          "/health", "/metrics")
+          "/health", "/metrics", "/", "/v1/dflash/state", "/v1/dflash/race")
 OPEN_PATHS = ("/health",)  # answered without a key: load balancers and supervisors poll it
 
 
-def create_app(service: EngineService, settings: ServeSettings, drain: Drain = None) -> Starlette:
+def create_app(service: EngineService, settings: ServeSettings, drain: Drain = None, race=None) -> Starlette:
     """The server for a started `service` (models loaded). `drain`, when
-    given, is started by whoever stops the server (drain.py)."""
+    given, is started by whoever stops the server (drain.py). `race`, when
+    given, is what POST /v1/dflash/race runs (web.py)."""
     tokenizer = service.tokenizer
     drain = drain or Drain()
     created = int(time.time())
@@ -126,6 +127,7 @@ def create_app(service: EngineService, settings: ServeSettings, drain: Drain = N
             Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
             Route("/v1/responses", create_response, methods=["POST"]),
             Route("/v1/responses/{id}", get_response, methods=["GET"]),
+            *web.routes(service, settings, race),
         ],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error},
         lifespan=lifespan,
@@ -220,7 +222,7 @@ class _Guard:
 
         try:
             key = self.settings.api_key
-            if key is not None and path not in OPEN_PATHS and not _key_ok(scope, key):
+            if key is not None and path not in OPEN_PATHS and not web.is_page_path(path) and not _key_ok(scope, key):
                 error = ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'")
                 return await _error_response(path, error)(scope, receive, counted_send)
             if path in _WATCH_PATHS:  # answered at once, draining or not; the drain does not wait for them
