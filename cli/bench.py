@@ -8,6 +8,7 @@ from dflash2_mlx.errors import DFlashError
 from dflash2_mlx.files import atomic_write_text, check_writable
 
 from . import options as o
+from . import plotting
 from .stdio import write_whole
 from . import ui
 
@@ -37,7 +38,7 @@ def bench(
     chat_template_config: o.ChatTemplateConfig = None,
     json_file: o.JsonFile = None,
     markdown_file: o.MarkdownFile = None,
-    plot: o.PlotDir = None,
+    plot: plotting.PlotDir = None,
     debug: o.Debug = False,
 ):
     """Benchmark plain decoding, DFlash (--dflash-drafter), DFlash 2 (--drafter) and
@@ -57,7 +58,7 @@ def bench(
     for path, flag in ((json_file, "--json"), (markdown_file, "--markdown")):
         if path is not None and str(path) != "-":
             check_writable(path, flag)
-    o.check_plot(plot, "--plot DIR")
+    plotting.check_plot(plot, folder=True)
     trees = o.parse_tree_sweep(tree)
     template_kwargs = o.parse_template_config(chat_template_config)
     if drafter is None and (dflash_drafter or draft_model):

@@ -84,16 +84,6 @@ Color = Annotated[bool, typer.Option("--color/--no-color", help="Colour the toke
 Repeats = Annotated[int, typer.Option("--repeats", "-r", help="Measured runs per arm/configuration (medians; the order alternates).")]
 NoLive = Annotated[bool, typer.Option("--no-live", help="No live replay: print the results only (automatic when stdout is not a terminal).")]
 Save = Annotated[Optional[Path], typer.Option("--save", help="Also write the full JSON record to this file.")]
-PlotDir = Annotated[
-    Optional[Path],
-    typer.Option("--plot", help="Also draw the plots into this folder (PNG and SVG, with the plotted data as JSON beside "
-                                "each); needs matplotlib: pip install 'dflash2-mlx[plots]'."),
-]
-PlotFile = Annotated[
-    Optional[Path],
-    typer.Option("--plot", help="Also draw both arms' tokens against time to this file (.png and .svg, with the "
-                                "plotted data as .json beside it); needs matplotlib: pip install 'dflash2-mlx[plots]'."),
-]
 ReplaySpeed = Annotated[float, typer.Option("--replay-speed", help="Replay at this multiple of the recorded speed.")]
 BenchDrafter = Annotated[
     Optional[str],
@@ -404,13 +394,3 @@ def block_plan(pair, block_size, prompt_ids, max_tokens: int, recalibrate: bool 
              "cached calibration; `dflash2 doctor --recalibrate` measures them again]")
     return "auto", calibration
 
-
-def check_plot(path, what: str = "--plot") -> None:
-    """Before the work: matplotlib is there and the plot's place is writable (one line if not)."""
-    if path is None:
-        return
-    from dflash2_mlx.files import check_writable
-    from dflash2_mlx.tools.plots import require
-
-    require()
-    check_writable(Path(path) / "probe.png" if what == "--plot DIR" else Path(path), "--plot")

@@ -148,6 +148,16 @@ def test_race_runs_to_parity_with_the_record_figures(browser, shots):
     assert "backend cpu" in by_id(browser, "race-machine").text
     if s["speedup_decode"] < 1:  # the honest line, as `dflash2 compare` prints it
         assert "slower here" in by_id(browser, "race-notes").text
+    # "Run again" sends the record's prompt ids and settings: the same race, greedy, so the same tokens.
+    first = record
+    browser.execute_script("window.firstRecord = record")  # the page's own `record`, as it holds it
+    by_id(browser, "race-rerun").click()
+    wait(browser, lambda: browser.execute_script("return record !== window.firstRecord"), timeout=60,
+         what="the rerun's record")
+    again = json.loads(browser.execute_script("return JSON.stringify(record)"))
+    assert again["prompt_token_ids"] == first["prompt_token_ids"] and again["settings"] == first["settings"]
+    assert again["runs"]["dflash2"][0]["token_ids"] == first["runs"]["dflash2"][0]["token_ids"]
+    wait(browser, lambda: by_id(browser, "race-figures").is_displayed(), timeout=60, what="the rerun's figures")
     browser.set_window_size(1280, 1320)  # the whole race: panes, figures, verdict and honest lines
     browser.save_screenshot(str(shots / "race.png"))
     view(browser, "server")
@@ -157,8 +167,37 @@ def test_race_runs_to_parity_with_the_record_figures(browser, shots):
     browser.set_window_size(1280, 900)
 
 
+def test_the_page_endpoints(server):
+    import httpx
+
+    state = httpx.get(server.url + "/v1/dflash/state", timeout=10).json()
+    assert state["pair"]["kind"] == "dflash2" and state["race"] is True and state["machine"]["backend"] == "cpu"
+    assert set(state["costs"]["verify_s"]) == set(state["costs"]["draft_s"]) and state["costs"]["plain_s"] > 0
+    assert {"entries", "bytes", "max_bytes", "hits", "misses"} <= set(state["prompt_cache"])
+    # Streamed chunks say which token the drafter made; OpenAI's fields are untouched.
+    body = {"messages": [{"role": "user", "content": "def f(x):"}], "max_tokens": 24, "stream": True,
+            "stream_options": {"include_usage": True}}
+    chunks = []
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[6:]))
+    texts = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert texts and all(isinstance(c["dflash"]["from_draft"], bool) for c in texts)
+    usage = chunks[-1]["usage"]["dflash2"]
+    assert 0 < sum(c["dflash"]["from_draft"] for c in texts) <= usage["accepted"]
+    # A race refuses what it cannot run in one line, before it takes the worker.
+    for bad, words in (({"prompt": "x", "max_tokens": 5000}, "over a race's limit"),
+                       ({"prompt": "   "}, "the prompt is empty"),
+                       ({"prompt_token_ids": [10**7]}, "vocabulary"),
+                       ({}, "'prompt' is required")):
+        r = httpx.post(server.url + "/v1/dflash/race", json=bad, timeout=10)
+        assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+
+
 def test_page_recovers_when_the_server_restarts_with_a_key(browser, server, tmp):
-    server.stop()
+    server.proc.kill()  # a crash, not a drain: the page must notice either way
+    server.proc.wait()
     wait(browser, lambda: by_id(browser, "status").text.startswith("offline"), what="the badge saying offline")
     again = Server("--max-tokens", "24", "--api-key", KEY, tmp=tmp, port=server.port)
     try:

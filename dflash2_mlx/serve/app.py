@@ -8,7 +8,6 @@ server keeps serving.
 
 import asyncio
 import hmac
-import json
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -22,6 +21,7 @@ from starlette.routing import Route
 from . import anthropic, openai, responses, web
 from .drain import Drain, retry_after_s
 from .errors import ApiError
+from .body import read_json
 from .jobs import collect
 from .service import EngineService, QueueFull, ShuttingDown
 from .sampling_fields import check_vocabulary
@@ -147,26 +147,6 @@ def submit(service: EngineService, request):
                        headers={"Retry-After": str(wait)}) from None
     except ShuttingDown:
         raise ApiError(503, "the server is shutting down: retry on another instance") from None
-
-
-async def read_json(request: Request, limit: int) -> dict:
-    """The body as a JSON object: 413 past `limit` bytes, 400 when not JSON."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"the body has {int(declared):,} bytes, over this server's limit of {limit:,}")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, f"the body is over this server's limit of {limit:,} bytes")
-    try:
-        value = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        where = f" ({e.msg} at line {e.lineno} column {e.colno})" if isinstance(e, json.JSONDecodeError) else ""
-        raise ApiError(400, f"the body is not valid JSON{where}") from None
-    if not isinstance(value, dict):
-        raise ApiError(400, "the body must be a JSON object")
-    return value
 
 
 def _error_response(request_path: str, error: ApiError) -> JSONResponse:

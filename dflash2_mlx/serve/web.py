@@ -22,6 +22,7 @@ from starlette.staticfiles import StaticFiles
 from ..device import backend_name
 from ..errors import DFlashError
 from ..text.prompt import build_prompt
+from .body import read_json
 from .errors import ApiError
 from .fields import get
 from .sampling_fields import check_prompt_length, read_max_tokens, read_sampling
@@ -53,8 +54,6 @@ def routes(service: EngineService, settings: ServeSettings, race: Optional[Calla
         return JSONResponse(server_state(service, settings, race is not None))
 
     async def run_race(request: Request) -> Response:
-        from .app import read_json  # app.py imports this module
-
         if race is None:
             raise ApiError(404, "this server was started without the race")
         if service.pair.drafter is None:
