@@ -170,6 +170,8 @@ def test_race_runs_to_parity_with_the_record_figures(browser, shots):
 def test_the_page_endpoints(server):
     import httpx
 
+    page = httpx.get(server.url + "/", timeout=10)
+    assert page.status_code == 200 and "default-src 'self'" in page.headers["content-security-policy"]
     state = httpx.get(server.url + "/v1/dflash/state", timeout=10).json()
     assert state["pair"]["kind"] == "dflash2" and state["race"] is True and state["machine"]["backend"] == "cpu"
     assert set(state["costs"]["verify_s"]) == set(state["costs"]["draft_s"]) and state["costs"]["plain_s"] > 0
@@ -201,6 +203,10 @@ def test_page_recovers_when_the_server_restarts_with_a_key(browser, server, tmp)
     wait(browser, lambda: by_id(browser, "status").text.startswith("offline"), what="the badge saying offline")
     again = Server("--max-tokens", "24", "--api-key", KEY, tmp=tmp, port=server.port)
     try:
+        import httpx
+
+        assert httpx.get(again.url + "/static/app.js", timeout=10).status_code == 200  # the page loads keyless
+        assert httpx.get(again.url + "/v1/dflash/state", timeout=10).status_code == 401  # its data does not
         dialog = wait(browser, lambda: (d := by_id(browser, "key-dialog")).is_displayed() and d,
                       what="the page asking for the key")
         by_id(browser, "key-input").send_keys(KEY)

@@ -16,11 +16,16 @@ from typing import Optional
 
 from ..errors import DFlashError
 from ..files import atomic_write_text
+from ..text.modes import MODE_LABELS
+
+
+def _name(mode: str) -> str:
+    """The mode as every report names it (text/modes.py); the key itself when unknown."""
+    return MODE_LABELS[mode][0] if mode in MODE_LABELS else mode
 
 MISSING = ("matplotlib is not installed, and --plot needs it: pip install 'dflash2-mlx[plots]' "
            "(or pip install 'matplotlib>=3.8')")
 FORMATS = ("png", "svg")
-MODE_NAMES = {"ar": "plain decoding", "dflash": "DFlash", "dflash2": "DFlash 2", "mlx-lm": "mlx-lm speculative"}
 
 
 def require() -> None:
@@ -53,10 +58,10 @@ def bench_plots(record: dict, folder) -> list[Path]:
         width = 0.8 / max(len(modes), 1)
         for i, s in enumerate(speed["series"]):
             xs = [sizes.index(B) + (i - (len(modes) - 1) / 2) * width for B in s["block_size"]]
-            ax.bar(xs, s["decode_tps"], width, label=MODE_NAMES.get(s["mode"], s["mode"]))
+            ax.bar(xs, s["decode_tps"], width, label=_name(s["mode"]))
         for (mode, tps), style in zip(baselines.items(), ("--", ":", "-.")):
             ax.axhline(tps, color="black", linestyle=style, linewidth=1,
-                       label=f"{MODE_NAMES.get(mode, mode)} ({tps:.1f})")
+                       label=f"{_name(mode)} ({tps:.1f})")
         ax.set_xticks(range(len(sizes)), sizes)
         ax.set_xlabel("block size (auto: chosen per cycle)")
         ax.set_ylabel("decode tokens/s (after prefill, median over prompts)")
@@ -66,7 +71,7 @@ def bench_plots(record: dict, folder) -> list[Path]:
         for s in accept["series"]:
             p = s["acceptance_by_position"]
             ax.plot(range(1, len(p) + 1), [100 * x for x in p], marker="o",
-                    label=f"{MODE_NAMES.get(s['mode'], s['mode'])}, block {s['block_size']}")
+                    label=f"{_name(s['mode'])}, block {s['block_size']}")
         ax.set_xlabel("draft position")
         ax.set_ylabel("accepted % (given the earlier ones were)")
         ax.set_ylim(0, 100)
@@ -138,7 +143,7 @@ def compare_plot(record: dict, file) -> list[Path]:
 
     def draw(ax):
         for mode, arm in data["arms"].items():
-            ax.step(arm["times_s"], arm["tokens"], where="post", label=MODE_NAMES.get(mode, mode))
+            ax.step(arm["times_s"], arm["tokens"], where="post", label=_name(mode))
         ax.set_xlabel("seconds from the call (the first token includes prefill)")
         ax.set_ylabel("tokens generated")
         ax.legend(title=f"decode speedup {data['speedup_decode']:.2f}x · parity {data['parity']}")
