@@ -239,3 +239,84 @@ def test_costs_learned_online_override_a_wrong_calibration():
     blind = BlockPolicy(calibrated, 4, AcceptanceEstimate(3, seed=[0.7]))
     blind_seconds, blind_blocks = run_timed(blind, Clock(), actual, alphas, 1000)
     assert blind_blocks.count(1) < 100 and blind_seconds > 1.3 * seconds
+
+
+# == costs that grow with the context =========================================================
+
+from dflash2_mlx.engine.adaptive.acceptance import BandedAcceptance, context_band  # noqa: E402
+from dflash2_mlx.engine.adaptive.costs import ContextCosts, costs_from_dict  # noqa: E402
+
+
+def test_context_costs_interpolate_and_extend_linearly():
+    short = CostTable(1.0, {2: 2.0, 4: 3.0}, {2: 0.5, 4: 1.0}, {2: 2.0, 4: 3.0})
+    long = CostTable(3.0, {2: 4.0, 4: 9.0}, {2: 0.5, 4: 2.0}, {2: 5.0, 4: 11.0})
+    costs = ContextCosts({100: short, 1100: long})
+    assert costs.at(0) == short and costs.at(100) == short and costs.at(1100) == long
+    mid = costs.at(600)
+    assert mid.plain == pytest.approx(2.0) and mid.cycle(2) == pytest.approx(3.5) and mid.cycle(4) == pytest.approx(7.0)
+    far = costs.at(2100)  # past the longest measured context: the same growth per token
+    assert far.plain == pytest.approx(5.0) and far.cycle(4) == pytest.approx(19.0) and far.verify[4] == pytest.approx(15.0)
+    assert costs_from_dict(costs.to_dict()) == costs and costs.scaled(2.0).at(600).plain == pytest.approx(4.0)
+    assert costs_from_dict(short.to_dict()) == short  # a one-context table reads back as one
+
+
+def run_growing(policy, costs, alphas, tokens, start=0, seed=0):
+    """Decode `tokens` tokens after a `start`-token prompt, telling the policy the context
+    at every decision as the loop does; costs are the true ones at that context."""
+    rng, done, blocks = random.Random(seed), 0, []
+    while done < tokens:
+        context = start + done
+        decision = policy.choose(tokens - done, context)
+        policy.record(decision)
+        blocks.append((context, decision.block))
+        if decision.block == 1:
+            done += 1
+            continue
+        a = accepted_run(rng, alphas, decision.block - 1)
+        policy.observe(decision.block - 1, a)
+        done += a + 1
+    return blocks
+
+
+def test_a_long_context_where_drafting_loses_decodes_plainly_there():
+    # Short: a 4-row cycle costs 1.5 plain steps (a GPU). By 3,000 tokens the cycle has grown to
+    # 4 plain steps (the drafter reads the whole context, the plain step barely grows).
+    costs = ContextCosts({0: CostTable(1.0, {2: 1.2, 4: 1.5}, {2: 0.0, 4: 0.0}),
+                          3000: CostTable(1.2, {2: 3.0, 4: 4.8}, {2: 0.0, 4: 0.0})})
+    alphas = [0.8] * 3  # E_4 = 2.95 tokens a cycle
+    policy = BlockPolicy(costs, 4, AcceptanceEstimate(3, seed=alphas))
+    blocks = run_growing(policy, costs, alphas, 4000)
+    # The break-even context: E_4 / cycle(4) = 1 / plain somewhere near 1,800 tokens.
+    early = [B for c, B in blocks if c < 1200]
+    late = [B for c, B in blocks if c > 2600]
+    assert sum(B > 1 for B in early) / len(early) > 0.9  # drafts while it pays ...
+    assert sum(B == 1 for B in late) / len(late) > 0.95  # ... and decodes plainly once it does not
+    assert policy.report.fallbacks and 1200 <= policy.report.fallbacks[0][0] <= 2600
+
+
+def test_drafting_starts_again_when_a_longer_context_makes_it_pay():
+    # The other way round (plain decoding's cost grows faster than a cycle's): no clock, so only
+    # the context can move the costs, and it must start drafting without waiting for a far probe.
+    costs = ContextCosts({0: CostTable(1.0, {2: 2.5, 4: 3.5}, {2: 0.0, 4: 0.0}),
+                          2000: CostTable(3.0, {2: 3.5, 4: 4.5}, {2: 0.0, 4: 0.0})})
+    alphas = [0.7] * 3
+    # Probes so rare (a budget of 0.01 %) that none would come in these 3,000 tokens.
+    policy = BlockPolicy(costs, 4, AcceptanceEstimate(3, seed=alphas), probe_budget=1e-4, max_probe_interval=10**6)
+    blocks = run_growing(policy, costs, alphas, 3000)
+    assert blocks[0][1] == 1 and policy.report.fallbacks[0][0] == 0  # plain at the start
+    first_cycle = next(c for c, B in blocks if B > 1)
+    # Break-even is at 475 tokens, 531 with the policy's 3 % margin.
+    assert 500 <= first_cycle <= 600, first_cycle
+    late = [B for c, B in blocks if c > 1200]  # drafting 1.4x plain decoding and more
+    assert sum(B > 1 for B in late) / len(late) > 0.9
+
+
+def test_acceptance_is_kept_by_context_band():
+    assert [context_band(n) for n in (0, 1023, 1024, 4095, 4096, 16384, 70000)] == [0, 0, 1, 1, 2, 3, 4]
+    bands = BandedAcceptance(AcceptanceEstimate(3, seed=[0.9]))
+    short = bands.at(10)
+    long = bands.at(5000)  # a new band starts from the nearest shorter one ...
+    assert long is not short and long.rates == pytest.approx(short.rates)
+    for _ in range(40):
+        long.observe(3, 0)  # ... then learns on its own
+    assert long.rates[0] < 0.2 and short.rates[0] == pytest.approx(0.9) and bands.at(100) is short

@@ -7,7 +7,7 @@ import mlx.core as mx
 import pytest
 
 from dflash2_mlx.engine.adaptive.policy import AcceptanceEstimate, BlockPolicy, CostTable, Decision
-from dflash2_mlx.engine.adaptive.calibrate import _non_decreasing, calibration_key, load_or_calibrate
+from dflash2_mlx.engine.adaptive.calibrate import _non_decreasing, calibration_key, load_or_calibrate, long_context
 from dflash2_mlx.engine.decode.loop import DecodeCache, speculative_generate_step
 from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.engine.sampling import SamplingParams
@@ -21,9 +21,10 @@ class Schedule:
     """A policy that plays back block sizes (cycling), recording what it saw."""
 
     def __init__(self, sizes):
-        self.sizes, self.i, self.observed = sizes, 0, []
+        self.sizes, self.i, self.observed, self.contexts = sizes, 0, [], []
 
-    def choose(self, tokens_left):
+    def choose(self, tokens_left, context=None):
+        self.contexts.append(context)
         B = self.sizes[self.i % len(self.sizes)]
         return Decision(1 if B == 1 else max(2, min(B, tokens_left + 1)))
 
@@ -54,6 +55,11 @@ def test_greedy_output_equals_plain_decoding(pair, sizes):
     assert cache.target[0].offset == len(cache.tokens) - 1 == cache.drafter[0].offset
     # Rows the target ran: one per plain step, the block per cycle (τ per verify row reads them).
     assert all(s.verify_rows == s.drafted + 1 for s in steps[1:])
+    # Every decision is told the context it reads: the tokens committed so far (a plain
+    # step's decision comes before its token is fetched: one fewer).
+    committed = [len(PROMPT) + sum(len(s.tokens) for s in steps[:i]) for i in range(1, len(steps))]
+    assert len(policy.contexts) == len(committed)
+    assert all(c in (k, k - 1) for c, k in zip(policy.contexts, committed)), (policy.contexts, committed)
 
 
 def test_plain_rows_reach_the_drafter_cache_before_the_next_draft(pair):
@@ -112,8 +118,12 @@ def test_calibration_is_cached_per_key(pair, tmp_path):
     assert not first.cached and first.path.exists()
     record = json.loads(first.path.read_text())
     assert record["key"] == calibration_key(pair)
-    assert set(first.costs.cycles) >= {2, pair.max_block_size}
-    assert all(v > 0 for v in first.costs.cycles.values()) and first.costs.plain > 0
+    # Measured after the prompt and after a long context (half the target's, at most LONG_CONTEXT).
+    contexts = first.costs.contexts
+    assert list(contexts) == [len(PROMPT), long_context(pair, len(PROMPT))] and len(contexts) == 2
+    for table in contexts.values():
+        assert set(table.cycles) >= {2, pair.max_block_size}
+        assert all(v > 0 for v in table.cycles.values()) and table.plain > 0
     again = load_or_calibrate(pair, tmp_path, PROMPT, check=False)
     assert again.cached and again.costs == first.costs
     # Another key (here: another backend name) is another file, measured anew.
@@ -166,7 +176,7 @@ class TrueCosts:
         self.now, self.blocks, self._pending = 0.0, [], None
         policy.clock = lambda: self.now
 
-    def choose(self, tokens_left):
+    def choose(self, tokens_left, context=None):
         return self.policy.choose(tokens_left)
 
     def record(self, decision):
@@ -223,14 +233,19 @@ def test_a_cached_calibration_that_disagrees_with_the_machine_is_rescaled(pair, 
     # Far enough off (10x) that no load on the machine running the suite hides it.
     first = load_or_calibrate(pair, tmp_path, PROMPT, check=False)
     record = json.loads(first.path.read_text())
-    record["costs"] = {k: (v * wrong if isinstance(v, float) else {B: s * wrong for B, s in v.items()})
-                       for k, v in record["costs"].items()}
+    tables = record["costs"]["by_context"]
+    for c, table in tables.items():
+        tables[c] = {k: (v * wrong if isinstance(v, float) else {B: s * wrong for B, s in v.items()})
+                     for k, v in table.items()}
     first.path.write_text(json.dumps(record))
     checked = load_or_calibrate(pair, tmp_path, PROMPT)
     assert checked.cached and checked.rescaled is not None
     assert (checked.rescaled < 1) == (wrong > 1)  # the file's times are scaled back towards the machine's
-    assert checked.costs.plain == pytest.approx(record["costs"]["plain_s"] * checked.rescaled)
-    assert checked.costs.cycle(4) == pytest.approx(record["costs"]["cycle_s"]["4"] * checked.rescaled)
-    saved = json.loads(first.path.read_text())["costs"]["plain_s"]
-    assert saved == pytest.approx(checked.costs.plain)  # and kept, so the next run agrees
+    for c, table in tables.items():  # every context's costs, by the same factor
+        now = checked.costs.contexts[int(c)]
+        assert now.plain == pytest.approx(table["plain_s"] * checked.rescaled)
+        assert now.cycle(4) == pytest.approx(table["cycle_s"]["4"] * checked.rescaled)
+    saved = json.loads(first.path.read_text())["costs"]["by_context"]
+    assert {int(c): t["plain_s"] for c, t in saved.items()} == pytest.approx(
+        {c: t.plain for c, t in checked.costs.contexts.items()})  # and kept, so the next run agrees
     assert load_or_calibrate(pair, tmp_path, PROMPT, check=False).costs == checked.costs

@@ -4,6 +4,7 @@ activation trap, refuses near-zero acceptance (and accepts with a lower
 gets it right, and fails in one line."""
 
 import json
+from pathlib import Path
 
 import pytest
 from mlx.utils import tree_flatten
@@ -40,10 +41,17 @@ def test_a_good_pair_passes_when_acceptance_is_not_required(cli):
     assert titles == ["MLX", "Memory (estimated before loading)", "Quantization", COMPAT, "Acceptance self-test",
                       COSTS]
     assert all(v == "ok" for (t, _), v in statuses.items() if t == COMPAT)
-    # The table --block-size auto decides with: a plain step and a cycle per measured block size.
+    # The table --block-size auto decides with: a plain step and a cycle per measured block size,
+    # at a short and a long context, and what they become further out.
     costs = record["sections"][-1]["data"]
-    assert costs["costs"]["plain_s"] > 0 and set(costs["costs"]["cycle_s"]) >= {"2", "16"}
+    tables = costs["costs"]["by_context"]
+    assert len(tables) == 2
+    for table in tables.values():
+        assert table["plain_s"] > 0 and set(table["cycle_s"]) >= {"2", "16"}
     assert (COSTS, "block 2") in statuses and (COSTS, "auto") in statuses
+    # ... and at the end of the target's context.
+    limit = json.loads((Path(target_folder("qwen3")) / "config.json").read_text())["max_position_embeddings"]
+    assert {(COSTS, f"{n} tokens") for n in (*map(int, tables), limit)} <= set(statuses)
     assert statuses[("Acceptance self-test", "parity")] == "ok"
     kernels = record["sections"][0]["data"]["kernels"]
     assert set(kernels) == {"two_tap_conv", "path_select"} and set(kernels.values()) <= {"kernel", "twin"}

@@ -2,15 +2,19 @@
 
 The adaptive block size (adaptive/policy.py) needs the seconds of a plain decoding
 step and of a speculative cycle at each block size. They are measured by
-running the decode loop itself on a short prompt (so graph building, the
-host sync and bookkeeping are counted, not only the passes), plus one timed
-run per size that splits a cycle into its target pass and its drafter pass
-(with the selector) for display. A cycle's cost is a fact of the machine and
-the pair, so the result is cached in a JSON file per (backend, device, target,
-drafter, dtypes, quantization) and measured again when any of those change.
+running the decode loop itself (so graph building, the host sync and
+bookkeeping are counted, not only the passes), plus one timed run per size
+that splits a cycle into its target pass and its drafter pass (with the
+selector) for display; all of it twice: after a short prompt and after a
+long one (half the target's context, at most LONG_CONTEXT tokens), since
+every step reads the whole context (costs.py interpolates between them).
+A cycle's cost is a fact of the machine and the pair, so the result is
+cached in a JSON file per (backend, device, target, drafter, dtypes,
+quantization) and measured again when any of those change.
 The caller chooses the folder; the library never looks one up.
 """
 
+import copy
 import hashlib
 import json
 import statistics
@@ -25,21 +29,27 @@ import mlx.nn as nn
 from ...device import backend_name
 from ...errors import DFlashError
 from ...files import atomic_write_text
-from .policy import AcceptanceEstimate, BlockPolicy, CostTable
-from ..decode.loop import speculative_generate_step
+from .acceptance import AcceptanceEstimate
+from .costs import ContextCosts, Costs, CostTable, costs_from_dict
+from .policy import BlockPolicy
+from ..decode.loop import DecodeCache, speculative_generate_step
 from ..decode.state import FixedBlock
 from ..pair import Pair
 from ..decode.profile import CycleProfiler
+from ..target.context import context_limit
 
-VERSION = 1
+VERSION = 2  # 2: costs by context length
 # Measured block sizes; the policy interpolates between them (linear in B is how
 # verify and drafter passes grow, compute-bound or not).
 SIZES = (2, 4, 8, 16)
+# The long context the costs are measured at: half the target's context, at most this
+# many tokens (past it the policy extends the measured growth linearly, as attention grows).
+LONG_CONTEXT = 2048
 
 
 @dataclass(frozen=True)
 class Calibration:
-    costs: CostTable
+    costs: Costs  # by context length (a ContextCosts), or one CostTable
     acceptance: list[float]  # per draft position, seen on the calibration prompt (a seed)
     key: dict  # what the numbers are valid for
     path: Optional[Path] = None  # where it is cached, if anywhere
@@ -95,12 +105,18 @@ def _params(module: nn.Module):
     return tree_flatten(module.parameters())
 
 
-def _pass_times(pair: Pair, prompt_ids, policy, passes: int, profiler=None) -> tuple[list[float], list]:
+def _pass_times(pair: Pair, prompt_ids, policy, passes: int, profiler=None,
+                prompt_cache: Optional[DecodeCache] = None) -> tuple[list[float], list]:
     """Seconds between consecutive target passes of the real decode loop (the
-    first two are warm-up and dropped), and the speculative steps seen."""
+    first two are warm-up and dropped), and the speculative steps seen. With
+    `prompt_cache` (a long context already read) it decodes from a copy of it."""
     steps, times, last = [], [], None
+    if prompt_cache is not None:
+        prompt_ids = prompt_cache.tokens[-1:]
+        prompt_cache = DecodeCache(copy.deepcopy(prompt_cache.target), copy.deepcopy(prompt_cache.drafter),
+                                   list(prompt_cache.tokens))
     gen = speculative_generate_step(prompt_ids, pair, max_tokens=passes * pair.max_block_size + 8,
-                                    policy=policy, profiler=profiler)
+                                    policy=policy, profiler=profiler, prompt_cache=prompt_cache)
     try:
         for i, step in enumerate(gen):
             now = time.perf_counter()
@@ -115,33 +131,76 @@ def _pass_times(pair: Pair, prompt_ids, policy, passes: int, profiler=None) -> t
     return times, steps
 
 
-def measure(pair: Pair, prompt_ids: Sequence[int], sizes: Sequence[int] = SIZES, cycles: int = 6) -> Calibration:
-    """Run the decode loop plainly and at each block size; a few seconds."""
+def long_context(pair: Pair, short: int) -> Optional[int]:
+    """The long context to measure at: half the target's context, at most LONG_CONTEXT;
+    None when that is not well past the short prompt (the tables would say the same)."""
+    limit = context_limit(pair.target)
+    n = LONG_CONTEXT if limit is None else min(limit // 2, LONG_CONTEXT)
+    return n if n >= 4 * short else None
+
+
+def _read_context(pair: Pair, prompt_ids: Sequence[int], n: int) -> DecodeCache:
+    """Caches that hold `n` rows: the prompt read for real, then zero rows written
+    straight into every attention cache, target's and drafter's. A step's cost
+    depends on how many rows it reads, not on what they hold, and running the
+    target over `n` tokens would make every first run wait for a long prefill."""
+    cache = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
+    for _ in speculative_generate_step(prompt_ids, pair, max_tokens=1, policy=FixedBlock(1), prompt_cache=cache):
+        pass
+    pad = n - len(prompt_ids)
+    for c in cache.target + cache.drafter:
+        state = getattr(c, "state", None)
+        if hasattr(c, "update_and_fetch") and state and all(getattr(a, "ndim", 0) == 4 for a in state[:2]):
+            k, v = state[0], state[1]  # [1, heads, rows, dims]
+            c.update_and_fetch(mx.zeros((*k.shape[:2], pad, k.shape[3]), k.dtype),
+                               mx.zeros((*v.shape[:2], pad, v.shape[3]), v.dtype))
+        # else a recurrent state: the same size whatever the context
+    mx.eval([c.state for c in cache.target + cache.drafter])
+    filler = (list(prompt_ids) * (pad // max(len(prompt_ids), 1) + 1))[:pad]
+    cache.tokens[-1:-1] = filler
+    return cache
+
+
+def measure(pair: Pair, prompt_ids: Sequence[int], sizes: Sequence[int] = SIZES, cycles: int = 6,
+            long: Optional[int] = -1) -> Calibration:
+    """Run the decode loop plainly and at each block size, after the prompt and
+    after a long context (`long` tokens; -1: `long_context`, None: not measured).
+    A few seconds for each."""
     sizes = sorted({B for B in sizes if 2 <= B <= pair.max_block_size} | {2, pair.max_block_size})
-    plain = statistics.median(_pass_times(pair, prompt_ids, FixedBlock(1), 3 * cycles)[0])
+    short, acceptance = _costs_at(pair, prompt_ids, sizes, cycles, None)
+    tables = {len(prompt_ids): short}
+    long = long_context(pair, len(prompt_ids)) if long == -1 else long
+    if long:
+        tables[long], _ = _costs_at(pair, prompt_ids, sizes, cycles, _read_context(pair, prompt_ids, long))
+    return Calibration(ContextCosts(tables), acceptance, calibration_key(pair))
+
+
+def _costs_at(pair: Pair, prompt_ids, sizes, cycles: int, cache: Optional[DecodeCache]) -> tuple[CostTable, list]:
+    """The cost table after the prompt (or after what `cache` has read), and the
+    acceptance by position seen on the way."""
+    plain = statistics.median(_pass_times(pair, prompt_ids, FixedBlock(1), 3 * cycles, prompt_cache=cache)[0])
     cycle, verify, draft = {}, {}, {}
     M = pair.max_block_size - 1
     reached, hit = [0] * M, [0] * M
     for B in sizes:
-        times, steps = _pass_times(pair, prompt_ids, FixedBlock(B), cycles)
+        times, steps = _pass_times(pair, prompt_ids, FixedBlock(B), cycles, prompt_cache=cache)
         cycle[B] = statistics.median(times)
         for s in steps:
             for t in range(min(s.accepted + 1, s.drafted)):
                 reached[t] += 1
                 hit[t] += t < s.accepted
         profiler = CycleProfiler(timed=True)
-        _pass_times(pair, prompt_ids, FixedBlock(B), 3, profiler)
+        _pass_times(pair, prompt_ids, FixedBlock(B), 3, profiler, prompt_cache=cache)
         n = profiler.fetches
         verify[B] = profiler.seconds["verify"] / n
         draft[B] = (profiler.seconds["draft"] + profiler.seconds["select"]) / n
     # Positions seen only a few times say little; the estimate extends the last kept one.
-    cycle = _non_decreasing(cycle)
     acceptance = []
     for h, r in zip(hit, reached):
         if r < 4:
             break
         acceptance.append(h / r)
-    return Calibration(CostTable(plain, verify, draft, cycle), acceptance, calibration_key(pair))
+    return CostTable(plain, verify, draft, _non_decreasing(cycle)), acceptance
 
 
 def _non_decreasing(points: dict[int, float]) -> dict[int, float]:
@@ -194,17 +253,13 @@ def load_or_calibrate(pair: Pair, folder: Optional[Path], prompt_ids: Sequence[i
 def checked(pair: Pair, cal: Calibration, prompt_ids: Sequence[int], passes: int = 6) -> Calibration:
     """`cal`, or `cal` rescaled when a plain step timed now disagrees with it."""
     now = statistics.median(_pass_times(pair, prompt_ids, FixedBlock(1), passes)[0])
-    factor = now / cal.costs.plain
+    factor = now / cal.costs.at(len(prompt_ids)).plain
     if 1 / CHECK_TOLERANCE <= factor <= CHECK_TOLERANCE:
         return cal
-    costs = CostTable.from_dict(_scaled(cal.costs.to_dict(), factor))
+    costs = cal.costs.scaled(factor)
     rescaled = Calibration(costs, cal.acceptance, cal.key, cal.path, cached=True, rescaled=factor)
     _save(rescaled, cal.path)
     return rescaled
-
-
-def _scaled(d: dict, factor: float) -> dict:
-    return {k: (v * factor if isinstance(v, float) else {B: s * factor for B, s in v.items()}) for k, v in d.items()}
 
 
 def _save(cal: Calibration, path: Optional[Path]) -> Optional[Path]:
@@ -232,7 +287,7 @@ def _read(path: Path, key: dict) -> Optional[Calibration]:
         record = json.loads(path.read_text())
         if record.get("key") != key:
             return None
-        return Calibration(CostTable.from_dict(record["costs"]), [float(a) for a in record["acceptance"]],
+        return Calibration(costs_from_dict(record["costs"]), [float(a) for a in record["acceptance"]],
                            key, path, cached=True)
     except (OSError, ValueError, KeyError, TypeError):
         return None

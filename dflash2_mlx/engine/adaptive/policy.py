@@ -8,6 +8,8 @@ decoding step costs `plain` seconds and commits one token. Each cycle takes
 the block size with the most expected tokens per second; when no block size
 beats plain decoding the loop decodes plainly and probes again now and then,
 spending at most `probe_budget` of its time on probes that lose.
+Both the costs and the acceptance depend on the context the step reads
+(costs.py, acceptance.py): the loop says how long it is at every decision.
 
 The choice never changes what is generated, only how fast: every cycle,
 speculative or plain, commits tokens from the target's own distribution.
@@ -16,113 +18,12 @@ speculative or plain, commits tokens from the target's own distribution.
 import math
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
+from .acceptance import AcceptanceEstimate, BandedAcceptance
+from .costs import ContextCosts, Costs, CostTable
 
-def _interpolate(points: dict[int, float], B: int) -> float:
-    """Linear in B between measured sizes, extended from the outermost two."""
-    if B in points:
-        return points[B]
-    sizes = sorted(points)
-    if len(sizes) == 1:
-        return points[sizes[0]]
-    lo, hi = sizes[0], sizes[1]
-    for a, b in zip(sizes, sizes[1:]):
-        lo, hi = a, b
-        if B < b:
-            break
-    slope = (points[hi] - points[lo]) / (hi - lo)
-    return max(points[lo] + slope * (B - lo), 0.0)
-
-
-@dataclass(frozen=True)
-class CostTable:
-    """Measured seconds of a decode cycle on one machine for one pair.
-
-    `plain` is one plain decoding step. `verify` is a target pass over B rows
-    with the drafter's layers captured; `draft` is a drafter pass over a B-row
-    block plus the walk that turns it into draft tokens. `cycles`, when
-    measured, is a whole speculative cycle as the loop runs it (graph
-    building, the host sync, bookkeeping; pieces may overlap) and is what
-    `cycle` returns; otherwise verify + draft. Sizes in between measured ones
-    are interpolated.
-    """
-
-    plain: float
-    verify: dict[int, float]
-    draft: dict[int, float]
-    cycles: Optional[dict[int, float]] = None
-
-    def __post_init__(self):
-        if self.plain <= 0 or not self.verify or not self.draft:
-            raise ValueError("a cost table needs a positive plain step time and verify/draft times")
-
-    def cycle(self, B: int) -> float:
-        """Seconds of one speculative cycle at block size B."""
-        if self.cycles:
-            return _interpolate(self.cycles, B)
-        return _interpolate(self.verify, B) + _interpolate(self.draft, B)
-
-    def to_dict(self) -> dict:
-        def column(points):
-            return {str(B): s for B, s in sorted(points.items())}
-
-        d = {"plain_s": self.plain, "verify_s": column(self.verify), "draft_s": column(self.draft)}
-        if self.cycles:
-            d["cycle_s"] = column(self.cycles)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "CostTable":
-        def column(key):
-            return {int(B): float(s) for B, s in d[key].items()} if key in d else None
-
-        return cls(float(d["plain_s"]), column("verify_s"), column("draft_s"), column("cycle_s"))
-
-
-class AcceptanceEstimate:
-    """Per-position conditional acceptance, from decayed counts.
-
-    Starts from `seed` (e.g. a calibration probe) worth `prior_weight` cycles;
-    each observed cycle first decays every count by `decay`, so the estimate
-    follows the text being generated. Positions a cycle did not reach (an
-    earlier draft was rejected, or the block was shorter) are left alone.
-    """
-
-    def __init__(self, positions: int, seed: Sequence[float] = (), prior_weight: float = 4.0,
-                 decay: float = 0.95, default: float = 0.5):
-        seed = list(seed) or [default]
-        # Past the seed's last position assume its last rate (acceptance decays slowly with depth).
-        rates = [min(max(seed[min(t, len(seed) - 1)], 0.0), 1.0) for t in range(positions)]
-        self.reached = [prior_weight] * positions
-        self.hit = [r * prior_weight for r in rates]
-        self.decay = decay
-        self._expected: Optional[list[float]] = None  # expected_tokens by B, until the next observe
-
-    def observe(self, drafted: int, accepted: int) -> None:
-        self._expected = None
-        self.reached = [r * self.decay for r in self.reached]
-        self.hit = [h * self.decay for h in self.hit]
-        for t in range(min(accepted + 1, drafted, len(self.reached))):
-            self.reached[t] += 1.0
-            if t < accepted:
-                self.hit[t] += 1.0
-
-    @property
-    def rates(self) -> list[float]:
-        return [h / r if r > 0 else 0.0 for h, r in zip(self.hit, self.reached)]
-
-    def expected_tokens(self, B: int) -> float:
-        """Mean tokens a B-row cycle commits (accepted drafts + the bonus)."""
-        if self._expected is None:
-            # Every B at once: the policy asks for each B at every plain step.
-            totals, total, run = [1.0, 1.0], 1.0, 1.0
-            for alpha in self.rates:
-                run *= alpha
-                total += run
-                totals.append(total)
-            self._expected = totals
-        return self._expected[max(min(B, len(self._expected) - 1), 1)]
+__all__ = ["AcceptanceEstimate", "BlockPolicy", "ContextCosts", "CostTable", "Decision", "Mode", "auto_decides"]
 
 
 @dataclass
@@ -153,6 +54,8 @@ RETIME_FIRST, RETIME_MAX = 4, 256
 # How far plain decoding's cost relative to a cycle's must move after a losing probe before
 # re-measured costs may start the next probe early.
 EARLY_PROBE_SHIFT = 1.25
+# Context rows between two look-ups of the costs and the acceptance band.
+CONTEXT_STEP = 64
 
 
 @dataclass(frozen=True)
@@ -200,15 +103,15 @@ class BlockPolicy:
     moved by EARLY_PROBE_SHIFT from what they were then.
     """
 
-    def __init__(self, costs: CostTable, max_block: int, acceptance: Optional[AcceptanceEstimate] = None,
+    def __init__(self, costs: Costs, max_block: int, acceptance: Optional[AcceptanceEstimate] = None,
                  margin: float = 0.03, probe_budget: float = 0.02, max_probe_interval: int = 4096,
                  clock: Optional[Callable[[], float]] = None, cost_weight: float = 0.1):
         if max_block < 2:
             raise ValueError(f"max_block {max_block} must be at least 2")
-        self.costs, self.max_block = costs, max_block
-        # Interpolated once: `choose` rates every block size before each step.
-        self._cycle = {B: costs.cycle(B) for B in range(2, max_block + 1)}
-        self.acceptance = acceptance or AcceptanceEstimate(max_block - 1)
+        self.max_block = max_block
+        self.by_context, self._bands = costs, BandedAcceptance(acceptance or AcceptanceEstimate(max_block - 1))
+        self.context = None  # the context the costs below are for (None: not told yet)
+        self._use_context(0)
         self.margin, self.probe_budget, self.max_probe_interval = margin, probe_budget, max_probe_interval
         self.report = PolicyReport()
         self.tokens = 0  # tokens committed through this policy so far
@@ -219,8 +122,21 @@ class BlockPolicy:
         self.scale = {"plain": 1.0, "spec": 1.0}  # measured / calibrated cost, learned online
         self._last: Optional[_Timed] = None
         self._cycles_to_retime = RETIME_FIRST
-        self._verdict: Optional[float] = None  # plain / cycle cost scale when the last probe lost
+        self._verdict: Optional[float] = None  # plain / cycle cost when the last probe lost
         self._probe_loss = 0.0  # plain steps the last probe lost, measured (0 without a clock)
+
+    def _use_context(self, context: int) -> None:
+        """Costs and acceptance at `context` rows, looked up again each CONTEXT_STEP rows
+        (the costs move slowly with the context; `choose` asks before every step)."""
+        step = context // CONTEXT_STEP
+        if self.context is not None and step == self.context // CONTEXT_STEP:
+            return
+        self.context = context
+        self.costs = self.by_context.at(context)
+        self.acceptance = self._bands.at(context)
+        # Interpolated once per context step: `choose` rates every block size before each step.
+        self._cycle = {B: self.costs.cycle(B) for B in range(2, self.max_block + 1)}
+        self._best: Optional[int] = None  # best_block(max_block), until the costs or the acceptance move
 
     # -- the model -----------------------------------------------------------------
     def plain_cost(self) -> float:
@@ -238,22 +154,34 @@ class BlockPolicy:
     def best_block(self, tokens_left: int) -> int:
         """The speculative block size with the highest expected rate."""
         top = max(2, min(self.max_block, tokens_left + 1))
-        return max(range(2, top + 1), key=lambda B: (self.rate(B), -B))
+        if top == self.max_block and self._best is not None:
+            return self._best
+        # The learned scale multiplies every cycle alike, so it never changes which B is best:
+        # only the context's costs and the acceptance do (both drop the cached answer).
+        best = max(range(2, top + 1), key=lambda B: (self.rate(B), -B))
+        if top == self.max_block:
+            self._best = best
+        return best
 
     def _can_ever_win(self) -> bool:
         # Even if every draft were accepted (B tokens per cycle) plain decoding is faster.
         return any(B / self.cycle_cost(B) > self.rate(1) for B in range(2, self.max_block + 1))
 
     # -- the loop's calls --------------------------------------------------------------
-    def choose(self, tokens_left: int) -> Decision:
-        """The next cycle's block size (1: plain), and the state it leads to."""
+    def choose(self, tokens_left: int, context: Optional[int] = None) -> Decision:
+        """The next cycle's block size (1: plain), and the state it leads to;
+        `context`: the rows the target cache holds now (None: as last told)."""
+        if context is not None:
+            self._use_context(context)
         if tokens_left <= 1:
             return self._plain_step(self.mode, self.plain_left)
         if self.mode is Mode.RETIMING and self.plain_left > 0:
             return Decision(1, Mode.RETIMING, self.plain_left - 1)
         if self.mode in (Mode.WAITING, Mode.PLAIN_ONLY, Mode.PROBING):
             waiting = self.mode is Mode.PLAIN_ONLY or (self.mode is Mode.WAITING and self.plain_left > 0)
-            if waiting and not (self.clock is not None and self._pays_by_margin(tokens_left) and self._new_evidence()):
+            # Without a clock and with the same context the costs never move, so this stays False
+            # while waiting: what starts a probe early is measured costs or a longer context.
+            if waiting and not (self._pays_by_margin(tokens_left) and self._new_evidence()):
                 return self._plain_step(self.mode, self.plain_left)
             return Decision(self.best_block(tokens_left), Mode.PROBING)
         if self.clock is not None and self.mode is Mode.DRAFTING and self._cycles_to_retime <= 0:
@@ -284,6 +212,7 @@ class BlockPolicy:
         # acceptance estimate moves): a probe that beat it is worth following up soon.
         beat_plain = (accepted + 1) / self.cycle_cost(min(drafted + 1, self.max_block)) > self.rate(1)
         self.acceptance.observe(drafted, accepted)
+        self._best = None
         self.tokens += accepted + 1
         if self.mode is Mode.DRAFTING:
             self._cycles_to_retime -= 1
@@ -304,7 +233,7 @@ class BlockPolicy:
             # small block half the probes beat the mean, so the backoff never grew.)
             self._losing_probes = 0 if beat_plain else self._losing_probes + 1
             self.mode, self.plain_left = self._next_probe(B)
-            self._verdict = self.scale["plain"] / self.scale["spec"]
+            self._verdict = self._plain_vs_cycle()
 
     # -- internals --------------------------------------------------------------------
     def _retime_interval(self) -> int:
@@ -318,10 +247,15 @@ class BlockPolicy:
 
     def _new_evidence(self) -> bool:
         """Whether plain decoding's cost, relative to a cycle's, has moved by EARLY_PROBE_SHIFT
-        since the last probe lost: only then may re-measured costs start a probe before its wait
-        is over. (A busy spell slows the plain steps it times and the cycles it does not; without
+        since the last probe lost: only then may re-measured costs (or a context where drafting
+        is cheaper) start a probe before its wait is over. (A busy spell slows the plain steps it times and the cycles it does not; without
         this each step of it would start another losing probe.)"""
-        return self._verdict is None or self.scale["plain"] / self.scale["spec"] > self._verdict * EARLY_PROBE_SHIFT
+        return self._verdict is None or self._plain_vs_cycle() > self._verdict * EARLY_PROBE_SHIFT
+
+    def _plain_vs_cycle(self) -> float:
+        """Plain decoding's cost relative to a cycle's, as the policy sees them now (learned
+        scales and the context's costs both move it)."""
+        return self.plain_cost() / self.cycle_cost(self.max_block)
 
     def _pays_by_margin(self, tokens_left: int) -> bool:
         return self.rate(self.best_block(tokens_left)) > self.rate(1) * (1.0 + self.margin)

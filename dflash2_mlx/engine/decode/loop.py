@@ -46,7 +46,7 @@ def generate_step(
     """Lossless decoding of `pair`; yields one step per target pass.
 
     `block_size` (default: the checkpoint's) counts the anchor. `policy`
-    (`choose(tokens_left)` -> a `Choice`, `record`, `observe(drafted, accepted)`,
+    (`choose(tokens_left, context)` -> a `Choice`, `record`, `observe(drafted, accepted)`,
     e.g. an `adaptive.BlockPolicy`) picks every cycle's block size instead.
     `tree_rows` > 0 verifies trees from the drafter's lattice (docs/tree.md).
     `prompt_cache` holds earlier context; `prompt` then starts with its last
@@ -72,7 +72,7 @@ def generate_step(
             if plain is not None:
                 # Decide what follows before fetching this token, so a plain
                 # next step can be launched first.
-                choice = _decide(policy, left - 1)
+                choice = _decide(policy, left - 1, len(cache.tokens))
                 ahead = None
                 if choice is not None and choice.block == 1 and not (rule is not None and rule.needs_tokens):
                     key, sub = split_key(key)
@@ -93,7 +93,7 @@ def generate_step(
             if grammar is not None and grammar.done:  # complete: nothing may follow
                 choice = None
             elif plain is None and choice is None:
-                choice = _decide(policy, left)
+                choice = _decide(policy, left, len(cache.tokens))
             if plain is None and choice is not None and choice.block == 1:
                 key, sub = split_key(key)
                 plain = PlainStep.launch(pair, cache, mx.array([anchor], dtype=mx.int32), sample, sub, rule)
@@ -115,11 +115,12 @@ def _row_rule(grammar, processors, top_logprobs) -> Optional[RowRule]:
     return RowRule(processors, grammar, top_logprobs)
 
 
-def _decide(policy, tokens_left: int) -> Optional[Choice]:
-    """The policy's choice for the next cycle, acted on; None when no tokens are left."""
+def _decide(policy, tokens_left: int, context: int) -> Optional[Choice]:
+    """The policy's choice for the next cycle, acted on; None when no tokens are left.
+    `context`: the tokens committed so far (a cycle reads them all: its cost grows with them)."""
     if tokens_left <= 0:
         return None
-    choice = policy.choose(tokens_left)
+    choice = policy.choose(tokens_left, context)
     policy.record(choice)
     return choice
 

@@ -100,7 +100,7 @@ class FixedBlock:
     def __init__(self, block_size: int):
         self.block_size = block_size
 
-    def choose(self, tokens_left: int) -> Choice:
+    def choose(self, tokens_left: int, context: Optional[int] = None) -> Choice:
         return Choice(1 if self.block_size == 1 else max(2, min(self.block_size, tokens_left + 1)))
 
     def record(self, choice: Choice) -> None:

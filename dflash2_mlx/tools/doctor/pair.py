@@ -57,25 +57,56 @@ def self_test(pair, tokenizer, *, block_size: Optional[int] = None, max_tokens: 
 
 def decode_costs(pair, tokenizer, folder=None, recalibrate: bool = False) -> Section:
     """The calibration `--block-size auto` decides with: cycle costs by block size
-    against a plain decoding step (cached under `folder`, measured when missing)."""
+    against a plain decoding step, and how they grow with the context (cached
+    under `folder`, measured when missing)."""
     from ...engine.adaptive.calibrate import load_or_calibrate
+    from ...engine.target.context import context_limit
     from ...text.prompt import build_prompt
     from ..suites import SUITES
 
     cal = load_or_calibrate(pair, folder, build_prompt(tokenizer, SUITES["code"][0]), recalibrate)
     where = f"cached in {cal.path}" if cal.cached else (f"measured now, saved to {cal.path}" if cal.path else "measured now")
-    findings = cost_findings(cal.costs, where)
-    policy = cal.policy(pair.max_block_size)
-    B = policy.best_block(pair.max_block_size)
+    contexts = cal.costs.contexts
+    first = min(contexts)
+    findings = cost_findings(contexts[first], f"after {first} tokens; {where}")
     seed = ", ".join(f"{a:.2f}" for a in cal.acceptance) or "none seen"
-    if policy.rate(B) > policy.rate(1):
-        verdict = f"auto would start at block {B} (expected {policy.rate(B) / policy.rate(1):.2f}x plain decoding)"
-    else:
-        verdict = (f"auto would start with plain decoding (best block {B} expected at "
-                   f"{policy.rate(B) / policy.rate(1):.2f}x) and probe now and then")
-    findings.append(Finding("auto", "info", f"acceptance by position on the calibration prompt ({seed}): {verdict}"))
+    findings.append(Finding("auto", "info", f"acceptance by position on the calibration prompt ({seed}): "
+                                            f"{_verdict(cal, pair.max_block_size, first)}"))
+    findings += context_findings(cal, pair.max_block_size, context_limit(pair.target))
     return Section("Decode costs (--block-size auto)", tuple(findings),
                    {**cal.to_dict(), "path": str(cal.path) if cal.path else None, "cached": cal.cached})
+
+
+def _verdict(cal, max_block: int, context: int) -> str:
+    """What auto would do first at `context` tokens, with the calibration's acceptance."""
+    policy = cal.policy(max_block)
+    policy.choose(max_block, context)  # looks the costs up at that context
+    B = policy.best_block(max_block)
+    lead = policy.rate(B) / policy.rate(1)
+    if lead > 1:
+        return f"auto would start at block {B} (expected {lead:.2f}x plain decoding)"
+    return f"auto would start with plain decoding (best block {B} expected at {lead:.2f}x) and probe now and then"
+
+
+def context_findings(cal, max_block: int, limit=None) -> list:
+    """The costs auto decides with against the context (measured at these lengths,
+    interpolated between them and extended past the last, up to the target's
+    context `limit`), one line each."""
+    contexts = cal.costs.contexts
+    if len(contexts) < 2:
+        return [Finding("by context", "info", "measured at one context length only (an older calibration: "
+                                               "--recalibrate measures a long context too)")]
+    findings = []
+    longest = max(contexts)
+    further = [limit] if limit else [2 * longest, 8 * longest]
+    for context in (*contexts, *(n for n in further if n > longest)):
+        table = cal.costs.at(context)
+        how = "measured" if context in contexts else "extended"
+        cycles = ", ".join(f"{B}: {table.cycle(B) / table.plain:.2f}" for B in sorted(table.cycles or table.verify))
+        findings.append(Finding(f"{context} tokens", "info",
+                                f"{how}: plain step {1e3 * table.plain:.2f} ms; cycle in plain steps by block "
+                                f"({cycles}); {_verdict(cal, max_block, context)}"))
+    return findings
 
 
 def cost_findings(costs, where: str = "measured now") -> list:
