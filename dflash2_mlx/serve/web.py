@@ -130,8 +130,10 @@ def server_state(service: EngineService, settings: ServeSettings, can_race: bool
             "block_size": service.block_size if service.block_size is not None else pair.max_block_size,
             "tree_rows": service.tree_rows,
         },
-        "costs": None if cal is None else {**cal.costs.to_dict(), "acceptance": cal.acceptance,
-                                           "cached": cal.cached, "rescaled": cal.rescaled},
+        # One table per context length the costs were measured at (auto interpolates between them).
+        "costs": None if cal is None else {
+            "by_context": {str(c): t.to_dict() for c, t in cal.costs.contexts.items()},
+            "acceptance": cal.acceptance, "cached": cal.cached, "rescaled": cal.rescaled},
         "queue": {"waiting": service.queue_length, "busy": service.busy, "max_queue": service.max_queue},
         "prompt_cache": {"entries": len(pool), "bytes": pool.nbytes, "max_bytes": pool.max_bytes,
                          "hits": pool.hits, "misses": pool.misses, "evictions": pool.evictions},

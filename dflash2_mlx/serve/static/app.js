@@ -381,21 +381,26 @@ async function refreshState() {
     $("state-costs-note").textContent = "no cost table: this server runs a fixed block size or plain decoding.";
   } else {
     const k = st.costs;
-    $("state-costs-note").textContent = `plain step ${fmt(1000 * k.plain_s, 2)} ms` +
+    const contexts = Object.entries(k.by_context);
+    $("state-costs-note").textContent = contexts.map(([c, t]) => `plain step ${fmt(1000 * t.plain_s, 2)} ms` +
+        (contexts.length > 1 ? ` at ${c} tokens of context` : "")).join(" · ") +
       (k.cached ? " · read from this machine's calibration file" : " · measured at start") +
       (k.rescaled ? ` · rescaled ${fmt(k.rescaled, 2)}x after a check` : "");
     const head = table.createTHead().insertRow();
-    ["block size", "verify ms", "draft ms", "cycle ms", "cycle / plain step"].forEach((h) => {
+    const columns = ["context", "block size", "verify ms", "draft ms", "cycle ms", "cycle / plain step"];
+    columns.forEach((h) => {
       const th = document.createElement("th");
       th.textContent = h;
       head.appendChild(th);
     });
     const body = table.createTBody();
-    for (const B of Object.keys(k.verify_s)) {
-      const cycle = k.cycle_s ? k.cycle_s[B] : k.verify_s[B] + k.draft_s[B];
-      const tr = body.insertRow();
-      [B, fmt(1000 * k.verify_s[B], 2), fmt(1000 * k.draft_s[B], 2), fmt(1000 * cycle, 2), fmt(cycle / k.plain_s, 2) + "x"]
-        .forEach((v) => (tr.insertCell().textContent = v));
+    for (const [context, t] of contexts) {
+      for (const B of Object.keys(t.verify_s)) {
+        const cycle = t.cycle_s ? t.cycle_s[B] : t.verify_s[B] + t.draft_s[B];
+        const tr = body.insertRow();
+        [context, B, fmt(1000 * t.verify_s[B], 2), fmt(1000 * t.draft_s[B], 2), fmt(1000 * cycle, 2),
+         fmt(cycle / t.plain_s, 2) + "x"].forEach((v) => (tr.insertCell().textContent = v));
+      }
     }
   }
   const m = st.machine;
