@@ -9,6 +9,7 @@ from dflash2_mlx.errors import DFlashError, PromptTooLongError
 
 from . import distributed
 from . import options as o
+from .cache_dir import CacheDir, check_cache_dir
 from . import ui
 
 
@@ -26,6 +27,7 @@ def chat(
     tree: o.Tree = 0,
     draft_quant: o.DraftQuant = None,
     draft_window: o.DraftWindow = None,
+    cache_dir: CacheDir = None,
     system_prompt: o.SystemPrompt = None,
     ignore_chat_template: o.IgnoreChatTemplate = False,
     chat_template_config: o.ChatTemplateConfig = None,
@@ -50,7 +52,11 @@ def chat(
     o.check_draft_window(draft_window)
     template_kwargs = o.parse_template_config(chat_template_config)
     drafter = o.drafter_for(model, drafter, ar)
+    if cache_dir is not None:
+        check_cache_dir(cache_dir)
     if distributed.wants_ranks(processes, hostfile):
+        if cache_dir is not None:  # each rank holds another shard of the target's caches
+            raise DFlashError("--cache-dir does not work with --processes/--hostfile yet: leave it out")
         # The ranks never see the end of their stdin: end the chat for them.
         return distributed.relaunch(model, processes, hostfile, relay_stdin=b"/quit\n")
     rank = distributed.start_rank(rank_timeout) if distributed.in_rank() else None
@@ -71,12 +77,17 @@ def chat(
     block_size, calibration = o.block_plan(pair, o.parse_block_size(block_size), probe, max_tokens, recalibrate,
                                            ranks=rank is not None, tree=tree,
                                            seeded=sampling.seed is not None and not sampling.greedy)
+    view = ui.ChatView(color=color)
+    prompt_cache = None
+    if cache_dir is not None:  # disk only: the session's own caches are the memory tier
+        from dflash2_mlx.text.prompt_cache import CacheSettings, PromptCache
+
+        prompt_cache = PromptCache(pair, CacheSettings(memory_bytes=0, folder=cache_dir), warn=view.notice)
     session = ChatSession(
         pair, tokenizer, system_prompt=system_prompt, use_chat_template=not ignore_chat_template,
         template_kwargs=template_kwargs, max_tokens=max_tokens, sampling=sampling, block_size=block_size,
-        calibration=calibration, tree_rows=tree,
+        calibration=calibration, tree_rows=tree, prompt_cache=prompt_cache,
     )
-    view = ui.ChatView(color=color)
     rows = [("model", model)]
     if pair.drafter is not None:
         shown = f"auto ≤ {pair.max_block_size}" if block_size == "auto" else block_size
@@ -91,6 +102,8 @@ def chat(
         rows.append(("system", system_prompt if len(system_prompt) <= 60 else system_prompt[:57] + "..."))
     if not session.use_chat_template:
         rows.append(("template", "none (raw text)"))
+    if cache_dir is not None:
+        rows.append(("cache", str(cache_dir)))
     view.header(rows)
     if model == "builtin":
         view.notice(ui.builtin_notice(pair.target))

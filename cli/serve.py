@@ -13,6 +13,7 @@ from dflash2_mlx.errors import DFlashError
 
 from . import distributed
 from . import options as o
+from .cache_dir import CacheDir, check_cache_dir
 
 Host = Annotated[str, typer.Option("--host", help="Address to bind; anything but loopback needs --api-key or --allow-unauthenticated.")]
 Port = Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to bind, 0..65535 (0: any free port, printed at start).")]
@@ -30,7 +31,10 @@ MaxPromptTokens = Annotated[
                                              "(prompt and max_tokens must fit it in any case)."),
 ]
 CacheBytes = Annotated[
-    str, typer.Option("--cache-bytes", help="Prompt cache bound across requests, e.g. 4GB, 512MB or bytes (0 = off); least recently used conversations go first."),
+    str, typer.Option("--cache-bytes", help="Prompt cache bound in memory, e.g. 4GB, 512MB or bytes (0 = off), for its blocks and, apart, its conversation tails; least recently used go first."),
+]
+CacheDiskBytes = Annotated[
+    str, typer.Option("--cache-disk-bytes", help="Disk bound of --cache-dir, e.g. 16GB (least recently used blocks go first)."),
 ]
 MaxQueue = Annotated[int, typer.Option("--max-queue", help="Requests that may wait while one generates; more get 429.")]
 ServedModelName = Annotated[
@@ -62,6 +66,8 @@ def serve(
     max_prompt_tokens: MaxPromptTokens = None,
     max_tokens: DefaultMaxTokens = 512,
     cache_bytes: CacheBytes = "4GB",
+    cache_dir: CacheDir = None,
+    cache_disk_bytes: CacheDiskBytes = "16GB",
     max_queue: MaxQueue = 32,
     chat_template_config: o.ChatTemplateConfig = None,
     served_model_name: ServedModelName = None,
@@ -80,6 +86,13 @@ def serve(
     With --processes N or --hostfile FILE the target is split over N ranks;
     rank 0 serves HTTP, the others run the same generations with it."""
     limit = parse_bytes(cache_bytes)
+    disk_limit = parse_bytes(cache_disk_bytes, "--cache-disk-bytes")
+    if cache_dir is not None:
+        check_cache_dir(cache_dir)
+    elif cache_disk_bytes != "16GB":
+        import warnings
+
+        warnings.warn("--cache-disk-bytes does nothing without --cache-dir (the prompt cache stays in memory)")
     if max_queue < 0:
         raise DFlashError(f"--max-queue {max_queue} must be 0 or more")
     o.check_max_tokens(max_tokens)
@@ -103,6 +116,9 @@ def serve(
     template_kwargs = o.parse_template_config(chat_template_config)
     drafter = o.drafter_for(model, drafter, ar)
     if distributed.wants_ranks(processes, hostfile):
+        if cache_dir is not None:  # every rank must reuse the same prefixes, and each holds another shard
+            raise DFlashError("--cache-dir does not work with --processes/--hostfile yet: leave it out "
+                              "(the memory prompt cache still works)")
         bind(host, port).close()  # a taken port: one line before any rank starts
         return distributed.relaunch(model, processes, hostfile, serving=True)
     rank = distributed.start_rank(rank_timeout) if distributed.in_rank() else None
@@ -128,7 +144,8 @@ def serve(
             ranks=rank is not None, tree=0 if ar else tree)
         return pair, tokenizer
 
-    service = EngineService(load, max_queue=max_queue, cache_bytes=limit, tree_rows=0 if ar else tree)
+    service = EngineService(load, max_queue=max_queue, cache_bytes=limit, cache_dir=cache_dir,
+                            cache_disk_bytes=disk_limit, tree_rows=0 if ar else tree)
     if rank is not None:
         _join_ranks(service, rank)
         if rank.rank != 0:
@@ -240,10 +257,10 @@ def _join_ranks(service, rank) -> None:
             signal.signal(sig, signal.SIG_IGN)
 
 
-def parse_bytes(text: str) -> int:
+def parse_bytes(text: str, flag: str = "--cache-bytes") -> int:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     if not m or m.group(2).lower() not in _UNITS:
-        raise DFlashError(f"--cache-bytes '{text}' is not a size: use e.g. 4GB, 512MB, 0 or a number of bytes")
+        raise DFlashError(f"{flag} '{text}' is not a size: use e.g. 4GB, 512MB, 0 or a number of bytes")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 

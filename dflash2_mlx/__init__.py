@@ -22,6 +22,8 @@ _PUBLIC = {
     "SamplingParams": "engine.sampling",
     "DecodeCache": "engine.decode.loop",
     "ChatSession": "text.chat_session",
+    "PromptCache": "text.prompt_cache",
+    "CacheSettings": "text.prompt_cache",
     "speculative_generate_step": "engine.decode.loop",
     "autoregressive_generate_step": "engine.decode.loop",
     "DFlashError": "errors",

@@ -65,7 +65,8 @@ def turn_line(result) -> "Text":
     if last is None:
         return Text("  interrupted before the first token", style=MUTED)
     parts = [f"{last.generation_tokens} tokens", f"{last.generation_tps:.1f} tok/s",
-             f"prompt {last.prompt_tps:.1f} tok/s ({result.prefilled_tokens} new, {result.reused_tokens} cached)"]
+             f"prompt {last.prompt_tps:.1f} tok/s ({result.prefilled_tokens} new, {result.reused_tokens} cached"
+             + (f", {result.disk_tokens} from disk)" if result.disk_tokens else ")")]
     if stats is not None and stats.mode != "ar":
         parts.append(f"τ {stats.mean_acceptance_length:.2f}")
     parts.append(f"peak {gb(last.peak_memory)}")

@@ -52,7 +52,8 @@ def create_app(service: EngineService, settings: ServeSettings, drain: Drain = N
 
     async def metrics(request: Request) -> Response:
         pool = service.pool
-        text = service.metrics.render(service.queue_length, service.busy, len(pool), pool.nbytes, drain.held)
+        text = service.metrics.render(service.queue_length, service.busy, len(pool), pool.nbytes, drain.held,
+                                      tiers=pool.stats())
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     async def models(request: Request) -> Response:

@@ -62,6 +62,7 @@ class Finished:
     cached_tokens: int
     eos: bool  # the answer ended with an end-of-sequence token (not a stop string)
     stats: Optional[GenerationStats]  # None when cancelled before the end
+    cached_disk: int = 0  # of cached_tokens, read from the disk tier
 
 
 @dataclass(frozen=True)

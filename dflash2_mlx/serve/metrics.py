@@ -16,6 +16,7 @@ class Metrics:
         self.requests: Counter = Counter()  # (route, status) -> count
         self.prompt_tokens = 0
         self.cached_prompt_tokens = 0
+        self.cached_disk_tokens = 0  # of those, read from the disk tier
         self.generation_tokens = 0
         self.generations = 0
         self.cancelled = 0
@@ -32,10 +33,11 @@ class Metrics:
         self.requests[(route, status)] += 1
 
     def record(self, prompt: int, cached: int, generated: int, stats: Optional[GenerationStats],
-               cancelled: bool) -> None:
+               cancelled: bool, cached_disk: int = 0) -> None:
         self.generations += 1
         self.prompt_tokens += prompt
         self.cached_prompt_tokens += cached
+        self.cached_disk_tokens += cached_disk
         self.generation_tokens += generated
         self.cache_hits += cached > 0
         self.cancelled += cancelled
@@ -54,7 +56,8 @@ class Metrics:
         return self.generation_seconds / self.timed_generations if self.timed_generations else None
 
     def render(self, queue_length: int, busy: bool, cache_entries: int, cache_bytes: int,
-               in_progress: int = 0) -> str:
+               in_progress: int = 0, tiers: Optional[dict] = None) -> str:
+        """`tiers`: the prompt cache's `stats()` (hits and bytes by tier)."""
         tau = self.committed / self.target_passes if self.target_passes else 0.0
         lines = []
 
@@ -91,6 +94,17 @@ class Metrics:
         metric("dflash2_prompt_cache_entries", "gauge", "Conversations held in the prompt cache.",
                [("", cache_entries)])
         metric("dflash2_prompt_cache_bytes", "gauge", "Bytes held by the prompt cache.", [("", cache_bytes)])
+        tiers = tiers or {}
+        metric("dflash2_prompt_cache_tier_tokens_total", "counter", "Cached prompt tokens by the tier they came from.",
+               [('{tier="memory"}', self.cached_prompt_tokens - self.cached_disk_tokens),
+                ('{tier="disk"}', self.cached_disk_tokens)])
+        metric("dflash2_prompt_cache_tier_hits_total", "counter", "Prompt-cache blocks reused, by tier.",
+               [('{tier="memory"}', tiers.get("memory_hits", 0)), ('{tier="disk"}', tiers.get("disk_hits", 0))])
+        metric("dflash2_prompt_cache_tier_bytes", "gauge", "Bytes the prompt cache holds, by tier.",
+               [('{tier="memory"}', tiers.get("memory_bytes", cache_bytes)), ('{tier="disk"}', tiers.get("disk_bytes", 0))])
+        metric("dflash2_prompt_cache_disk_skipped_total", "counter",
+               "Cache files skipped as corrupt, truncated or foreign (each logged in one line).",
+               [("", tiers.get("disk_skipped", 0))])
         return "\n".join(lines) + "\n"
 
 

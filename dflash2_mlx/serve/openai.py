@@ -21,7 +21,7 @@ from .sampling_fields import check_model, check_prompt_length, read_logits, read
 from .settings import ServeSettings
 from .structured import read_response_format
 from .tools import CallArgs, ToolCall, ToolPlan, ToolStreamer, plan_tools
-from .usage import speculative_usage
+from .usage import cache_usage, speculative_usage
 
 
 @dataclass(frozen=True)
@@ -188,6 +188,7 @@ def usage(fin: Finished) -> dict:
         "total_tokens": fin.prompt_tokens + fin.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
         "dflash2": speculative_usage(fin.stats),
+        "dflash2_prompt_cache": cache_usage(fin.cached_tokens, fin.cached_disk),
     }
 
 

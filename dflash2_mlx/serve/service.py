@@ -23,7 +23,7 @@ from ..engine.tree.cycle import check_tree_rows
 from ..errors import DFlashError, PromptTooLongError
 from ..text.context import check_context
 from ..text.generate import stream_generate
-from .cache_pool import PromptCachePool
+from ..text.prompt_cache import CacheSettings, PromptCache
 from .errors import ApiError
 from .jobs import Delta, Failed, Finished, GenerationRequest, Job, Started
 from .metrics import Metrics
@@ -46,6 +46,9 @@ class EngineService:
         *,
         max_queue: int = 64,
         cache_bytes: int = 0,
+        cache_dir=None,
+        cache_disk_bytes: int = 16 << 30,
+        cache_block_tokens: int = 256,
         block_size: Union[int, str, None] = None,
         calibration=None,
         prefill_step_size: int = 2048,
@@ -57,6 +60,10 @@ class EngineService:
         self._load = load
         self.max_queue = max_queue
         self.cache_bytes = cache_bytes
+        # The prompt cache (docs/prompt-cache.md): blocks in memory and, with a
+        # folder, on disk across restarts; conversation tails in memory.
+        self.cache_settings = CacheSettings(memory_bytes=cache_bytes, block_tokens=cache_block_tokens,
+                                            folder=cache_dir, disk_bytes=cache_disk_bytes)
         self.block_size = block_size
         self.tree_rows = tree_rows  # rows per verify tree; 0: the chain (docs/tree.md)
         self.calibration = calibration  # for block_size "auto" (measured per request when None)
@@ -70,7 +77,7 @@ class EngineService:
         self.on_fatal: Optional[Callable[[str], None]] = None  # with ranks: ends this rank
         self.pair: Optional[Pair] = None
         self.tokenizer = None
-        self.pool: Optional[PromptCachePool] = None
+        self.pool: Optional[PromptCache] = None
         self._queue: "queue.Queue[Optional[Job]]" = queue.Queue()
         self._lock = threading.Lock()
         self._outstanding = 0  # submitted and not yet finished: the running one and the queue
@@ -149,7 +156,7 @@ class EngineService:
             try:
                 self.pair, self.tokenizer = self._load()
                 check_tree_rows(self.pair, self.tree_rows)  # at start, not in every request's 400
-                self.pool = PromptCachePool(self.cache_bytes, self._new_cache)
+                self.pool = PromptCache(self.pair, self.cache_settings, warn=log.warning)
             except BaseException as e:  # handed to start(), which re-raises it
                 self._load_error = e
                 return
@@ -174,10 +181,6 @@ class EngineService:
             mx.synchronize()
             mx.clear_streams()
 
-    def _new_cache(self) -> DecodeCache:
-        pair = self.pair
-        return DecodeCache(pair.target.make_cache(), pair.drafter.make_cache() if pair.drafter is not None else None)
-
     def _run(self, job: Job) -> None:
         request = job.request
         if job.cancelled.is_set():  # the client left while the request waited
@@ -196,33 +199,40 @@ class EngineService:
         if isinstance(outcome, Failed):
             job.post(outcome)
             return
-        ids, cached, n, last, cancelled = outcome
+        ids, reuse, n, last, cancelled = outcome
+        cached = reuse.tokens
         eos = last is not None and last.token in set(getattr(self.tokenizer, "eos_token_ids", None) or [])
         stats = None if cancelled or last is None else last.stats
         finish = "cancelled" if cancelled else (last.finish_reason or "length")
-        self.metrics.record(len(ids), cached, n, stats, cancelled)
-        job.post(Finished(finish, len(ids), n, cached, eos, stats))
+        self.metrics.record(len(ids), cached, n, stats, cancelled, cached_disk=reuse.disk)
+        job.post(Finished(finish, len(ids), n, cached, eos, stats, cached_disk=reuse.disk))
+        self.pool.flush()  # disk writes after the answer, never before it
 
     def follow(self) -> None:
         """A follower rank: run every request rank 0 sends, as it does, until
         the stop job (on the calling thread; `load` runs here too)."""
         self.pair, self.tokenizer = self._load()
-        self.pool = PromptCachePool(self.cache_bytes, self._new_cache)
+        self.pool = PromptCache(self.pair, self.cache_settings, warn=log.warning)
         while (request := self.channel.receive()) is not None:
             self.generate(request, lambda: self.channel.agree(True), lambda n, cached: None, lambda r: None)
+            self.pool.flush()
         mx.synchronize()
 
     def generate(self, request: GenerationRequest, go: Callable[[], bool], started, delta):
-        """Run one request with the prompt cache pool; `go()` is asked before
-        each token is taken. Returns (ids, cached, n, last, cancelled) or `Failed`."""
+        """Run one request with the prompt cache; `go()` is asked before each
+        token is taken. Returns (ids, reuse, n, last, cancelled) or `Failed`."""
         ids = list(request.prompt_ids)
-        cache, reused = self.pool.take(ids)
-        # The cache holds every reused token but the last, which is fed again.
-        prompt = ids[reused - 1:] if reused else ids
-        cached = len(ids) - len(prompt)
-        started(len(ids), cached)
-        if self.on_busy is not None:
+        # The prompt's cached blocks, then its other whole blocks run and kept;
+        # `prompt` is the rest, starting with the cache's last token.
+        if self.on_busy is not None:  # armed before the blocks' prefill (with ranks it runs collectives)
             self.on_busy(True)
+        try:
+            cache, prompt, reuse = self.pool.prepare(ids, self.prefill_step_size)
+        except DFlashError as e:
+            if self.on_busy is not None:
+                self.on_busy(False)
+            return Failed(str(e), 400)
+        started(len(ids), reuse.tokens)
         responses = stream_generate(
             self.pair, self.tokenizer, prompt, max_tokens=request.max_tokens, sampling=request.sampling,
             block_size=self.block_size, calibration=self.calibration, stop=request.stop,
@@ -253,7 +263,7 @@ class EngineService:
                 self.on_busy(False)
         if _at_rest(cache):
             self.pool.put(cache)
-        return ids, cached, n, last, cancelled
+        return ids, reuse, n, last, cancelled
 
 
 class Task:

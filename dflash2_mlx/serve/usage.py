@@ -5,6 +5,12 @@ from typing import Optional
 from ..text.stats import GenerationStats
 
 
+def cache_usage(cached_tokens: int, cached_disk: int) -> dict:
+    """Where the cached prompt tokens came from: the memory tier (blocks and
+    conversation tails) or the disk tier (docs/prompt-cache.md)."""
+    return {"memory_tokens": cached_tokens - cached_disk, "disk_tokens": cached_disk}
+
+
 def speculative_usage(stats: Optional[GenerationStats]) -> Optional[dict]:
     """τ, target passes and acceptance by draft position (None when the
     generation was cut off before its final statistics). With --block-size

@@ -38,6 +38,7 @@ class TurnResult:
     prefilled_tokens: int  # run through the target this turn (the new tokens)
     rewound: bool  # cached tokens the template renders differently were dropped
     note: str = ""  # what the session did to keep its caches consistent, if anything
+    disk_tokens: int = 0  # of reused_tokens, read from the prompt cache's disk tier (--cache-dir)
 
     @property
     def interrupted(self) -> bool:
@@ -73,8 +74,12 @@ class ChatSession:
         calibration=None,
         prefill_step_size: int = 2048,
         tree_rows: int = 0,
+        prompt_cache=None,
     ):
         self.pair, self.tokenizer = pair, tokenizer
+        # A `text.prompt_cache.PromptCache` (`chat --cache-dir`): a conversation
+        # whose blocks an earlier session kept starts from them.
+        self.prompt_cache = prompt_cache
         self.target, self.drafter = pair.target, pair.drafter
         self.system_prompt = system_prompt
         self.use_chat_template = use_chat_template and bool(getattr(tokenizer, "chat_template", None))
@@ -200,9 +205,12 @@ class ChatSession:
             self.cache.truncate(reuse)
             if self.cache.stale:  # recurrent layers cannot rewind: read it all again
                 self.cache, reuse = self._new_cache(), 0
-        held = len(self.cache.tokens)
         # The caches hold all reused tokens but the last, which is fed again.
-        prompt = ids[reuse - 1:] if reuse else ids
+        prompt, disk = (ids[reuse - 1:] if reuse else ids), 0
+        if self.prompt_cache is not None:
+            prompt, reuse, disk, ran = self._from_blocks(ids, reuse, prompt_progress_callback)
+            prompt_progress_callback = _after(prompt_progress_callback, ran)
+        held = len(self.cache.tokens)
         if self.calibration is None and auto_decides(self.pair, self.block_size, self.tree_rows):
             self.calibration = measure(self.pair, prompt)  # once per session (the CLI passes a cached one)
         responses = stream_generate(
@@ -224,9 +232,13 @@ class ChatSession:
         finally:
             responses.close()  # rewinds the caches to the tokens returned
         note = self._repair(len(ids) + len(tokens) if tokens else held)
+        if self.prompt_cache is not None:
+            self.prompt_cache.keep_blocks(self.cache)
+            self.prompt_cache.flush()
         if not tokens:
             # Stopped before the first token: as if the question was never asked.
-            result = TurnResult("", (), (), "interrupted", None, None, tuple(ids), reuse, len(prompt), rewound, note)
+            result = TurnResult("", (), (), "interrupted", None, None, tuple(ids), reuse, len(prompt), rewound, note,
+                                disk)
             self.last = result
             return result
         eos = set(getattr(self.tokenizer, "eos_token_ids", None) or [])
@@ -236,10 +248,21 @@ class ChatSession:
         finish = "interrupted" if interrupted else (last.finish_reason or "length")
         result = TurnResult(
             answer, tuple(tokens), tuple(flags), finish, None if interrupted else last.stats, last,
-            tuple(ids), reuse, len(prompt), rewound, note,
+            tuple(ids), reuse, len(prompt), rewound, note, disk,
         )
         self.last = result
         return result
+
+    def _from_blocks(self, ids: list[int], reuse: int, progress) -> tuple[list[int], int, int, int]:
+        """Start a fresh conversation from the prompt cache's blocks, and keep
+        this turn's whole blocks: (prompt still to run, reused tokens, of them
+        from disk, tokens the blocks ran now)."""
+        if reuse == 0:
+            self.cache, prompt, got = self.prompt_cache.prepare(ids, self.prefill_step_size, progress)
+            return prompt, got.tokens, got.disk, len(ids) - len(prompt) - got.tokens
+        self.prompt_cache.extend(self.cache, ids, self.prefill_step_size, progress)
+        prompt = ids[len(self.cache.tokens) - 1:]
+        return prompt, reuse, 0, len(ids) - len(prompt) - (reuse - 1)
 
     def _repair(self, want: int) -> str:
         """Make sure the caches hold `want` tokens (all but the last one run).
@@ -270,3 +293,11 @@ class ChatSession:
     @property
     def context_tokens(self) -> int:
         return len(self.cache.tokens)
+
+
+def _after(progress, done: int):
+    """`progress` for the rest of a prompt whose first `done` tokens the
+    prompt cache's blocks already ran this turn (one bar, not two)."""
+    if progress is None or done <= 0:
+        return progress
+    return lambda d, total: progress(d + done, total + done)

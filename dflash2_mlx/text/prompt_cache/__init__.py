@@ -1,0 +1,5 @@
+"""A prompt cache in blocks, in memory and on disk (docs/prompt-cache.md)."""
+
+from .store import CacheSettings, PromptCache, Reuse
+
+__all__ = ["CacheSettings", "PromptCache", "Reuse"]

@@ -1,0 +1,208 @@
+"""The prompt cache in blocks (text/prompt_cache): the same tokens with and
+without each tier at T=0 for plain, recurrent (qwen3_5) and window
+(muse_glimmer) targets; shared prefixes stored once; branches; disk faults."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.loading.checkpoints import load_target
+from dflash2_mlx.text.generate import stream_generate
+from dflash2_mlx.text.prompt_cache import CacheSettings, PromptCache
+from dflash2_mlx.text.prompt_cache.keys import block_keys
+from dflash2_mlx.tools.synthetic import drafter_config_dict, random_drafter, write_target
+
+S = 16  # block tokens: small, so short prompts span several blocks
+LOOKALIKES = {"qwen3": {}, "qwen3_5": {}, "muse_glimmer": dict(tie_word_embeddings=False, sliding_window=8)}
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    out = {}
+    for family, extra in LOOKALIKES.items():
+        folder = tmp_path_factory.mktemp(family)
+        write_target(folder, family, **extra)
+        target, tokenizer = load_target(str(folder))
+        config = json.loads((folder / "config.json").read_text())
+        drafter = random_drafter(drafter_config_dict(config, "dflash2", block_size=8), seed=1)
+        out[family] = (Pair.make(target, drafter), tokenizer)
+    return out
+
+
+def answer(pair, tokenizer, ids, pcache=None, n=8):
+    """One request as the server runs it: (tokens, reuse)."""
+    if pcache is None:
+        return [r.token for r in stream_generate(pair, tokenizer, ids, max_tokens=n, block_size=4)], None
+    cache, prompt, reuse = pcache.prepare(ids)
+    out = [r.token for r in stream_generate(pair, tokenizer, prompt, max_tokens=n, block_size=4, prompt_cache=cache)]
+    pcache.put(cache)
+    pcache.flush()
+    return out, reuse
+
+
+SYSTEM = [(7 * i + 3) % 200 + 5 for i in range(70)]  # 4 whole blocks and a bit
+
+
+@pytest.mark.parametrize("family", list(LOOKALIKES))
+def test_same_tokens_with_and_without_each_tier(pairs, family, tmp_path):
+    pair, tok = pairs[family]
+    asks = [SYSTEM + [11, 12, 13], SYSTEM + [21, 22], SYSTEM[:40] + [31, 32, 33, 34]]
+    cold = [answer(pair, tok, ids)[0] for ids in asks]
+    memory = PromptCache(pair, CacheSettings(block_tokens=S))
+    got = [answer(pair, tok, ids, memory) for ids in asks]
+    assert [g[0] for g in got] == cold
+    assert got[1][1].tokens >= 64 and got[1][1].disk == 0  # the shared system prompt, from memory
+    assert got[2][1].tokens >= 32  # a branch reuses the blocks before the edit
+    # Disk only (no memory tier), then a restart: a new cache over the same folder.
+    disk = CacheSettings(block_tokens=S, memory_bytes=0, folder=tmp_path)
+    first = [answer(pair, tok, ids, PromptCache(pair, disk)) for ids in asks]
+    assert [g[0] for g in first] == cold
+    again = [answer(pair, tok, ids, PromptCache(pair, disk)) for ids in asks]
+    assert [g[0] for g in again] == cold
+    assert all(g[1].disk >= 32 and g[1].disk == g[1].tokens for g in again)
+
+
+def test_a_shared_prefix_is_stored_once_and_both_branches_stay(pairs):
+    pair, tok = pairs["qwen3"]
+    pcache = PromptCache(pair, CacheSettings(block_tokens=S))
+    answer(pair, tok, SYSTEM + [1, 2, 3], pcache)
+    blocks = len(pcache._blocks)
+    answer(pair, tok, SYSTEM + [4, 5, 6], pcache)
+    # The second conversation adds only the blocks past the shared prefix (its answer's).
+    assert len(pcache._blocks) - blocks <= 1
+    edited = SYSTEM[:50] + [99] + SYSTEM[51:]
+    _, reuse = answer(pair, tok, edited, pcache)
+    assert reuse.tokens >= 48  # up to the edit (a conversation tail reaches it token by token)
+    _, reuse = answer(pair, tok, SYSTEM + [7], pcache)
+    assert reuse.tokens == 64  # the first branch is still held
+
+
+def corrupt(path):
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("fault", ["corrupt", "truncated", "foreign"])
+def test_a_bad_file_is_skipped_with_one_line(pairs, tmp_path, fault):
+    pair, tok = pairs["qwen3"]
+    settings = CacheSettings(block_tokens=S, memory_bytes=0, folder=tmp_path)
+    cold, _ = answer(pair, tok, SYSTEM + [5])
+    pcache = PromptCache(pair, settings)
+    answer(pair, tok, SYSTEM + [5], pcache)
+    files = [tmp_path / f"{key}.safetensors" for key in block_keys(pcache.fingerprint, SYSTEM, S)]
+    victim = files[1]  # the second block: the first stays usable
+    if fault == "corrupt":
+        corrupt(victim)
+    elif fault == "truncated":
+        victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    else:
+        os.replace(files[2], victim)  # another block's file under this block's name
+    lines = []
+    out, reuse = answer(pair, tok, SYSTEM + [5], PromptCache(pair, settings, warn=lines.append))
+    assert out == cold and reuse.tokens == S and len(lines) == 1 and victim.name in lines[0]
+
+
+def test_a_full_disk_budget_says_so_once(pairs, tmp_path):
+    pair, tok = pairs["qwen3"]
+    cold, _ = answer(pair, tok, SYSTEM + [5])
+    lines = []
+    pcache = PromptCache(pair, CacheSettings(block_tokens=S, folder=tmp_path, disk_bytes=1000), warn=lines.append)
+    for _ in range(2):
+        assert answer(pair, tok, SYSTEM + [5], pcache)[0] == cold
+    assert len(lines) == 1 and "--cache-disk-bytes" in lines[0]
+    assert not list(tmp_path.glob("*.safetensors"))
+
+
+def test_disk_budget_evicts_least_recently_used(pairs, tmp_path):
+    pair, tok = pairs["qwen3"]
+    settings = CacheSettings(block_tokens=S, folder=tmp_path, memory_bytes=0)
+    answer(pair, tok, SYSTEM + [5], PromptCache(pair, settings))
+    one = max(f.stat().st_size for f in tmp_path.glob("*.safetensors"))
+    small = CacheSettings(block_tokens=S, folder=tmp_path, memory_bytes=0, disk_bytes=3 * one)
+    pcache = PromptCache(pair, small)
+    answer(pair, tok, [150 + i for i in range(40)], pcache)
+    assert pcache.disk.nbytes <= 3 * one and len(list(tmp_path.glob("*.safetensors"))) <= 3
+
+
+WRITER = """
+import sys, mlx.core as mx
+from dflash2_mlx.text.prompt_cache.disk import DiskTier
+disk = DiskTier(sys.argv[1], 1 << 40, "f" * 64, print)
+part = [{"kind": "rows", "class": "KVCache", "keys": mx.ones((1, 32, 4096, 64)), "values": mx.ones((1, 32, 4096, 64))}]
+mx.eval(part[0]["keys"], part[0]["values"])
+for i in range(1000):
+    disk.save(f"{i:064x}", [1, 2], part)
+"""
+
+
+def test_a_kill_during_a_write_leaves_nothing_that_is_read(pairs, tmp_path):
+    for _ in range(3):  # a kill that lands between two writes is tried again
+        child = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)])
+        try:
+            deadline = time.time() + 60
+            while not list(tmp_path.glob(".tmp-*")) and time.time() < deadline:
+                time.sleep(0.005)
+            os.kill(child.pid, signal.SIGKILL)
+        finally:
+            child.wait()
+        if list(tmp_path.glob(".tmp-*")):
+            break
+    assert list(tmp_path.glob(".tmp-*")), "the writer was not caught mid-write"
+    pair, tok = pairs["qwen3"]
+    lines = []
+    settings = CacheSettings(block_tokens=S, folder=tmp_path, memory_bytes=0)
+    cold, _ = answer(pair, tok, SYSTEM + [5])
+    pcache = PromptCache(pair, settings, warn=lines.append)
+    assert not list(tmp_path.glob(".tmp-*"))  # the dead writer's temporary file is gone
+    assert answer(pair, tok, SYSTEM + [5], pcache)[0] == cold and lines == []
+
+
+def test_chat_resumes_a_conversation_from_disk(pairs, tmp_path):
+    """`chat --cache-dir`: a new session (as after a restart) whose conversation
+    starts like an earlier one reads its blocks from disk, and answers alike."""
+    from dflash2_mlx.text.chat_session import ChatSession
+
+    pair, tok = pairs["qwen3_5"]
+    system = " ".join(f"rule {i} says keep it short" for i in range(12))
+    settings = CacheSettings(block_tokens=S, memory_bytes=0, folder=tmp_path)
+
+    def session():
+        return ChatSession(pair, tok, system_prompt=system, max_tokens=6, block_size=4,
+                           prompt_cache=PromptCache(pair, settings))
+
+    first = session().ask("hello there")
+    second = session()
+    again = second.ask("hello there")
+    assert again.tokens == first.tokens and first.disk_tokens == 0
+    assert again.disk_tokens >= 2 * S and again.reused_tokens == again.disk_tokens
+    assert second.ask("and then?").tokens  # the conversation goes on from the restored caches
+
+
+@pytest.mark.parametrize("command", ["serve", "chat"])
+def test_a_cache_dir_that_is_a_file_is_one_line(cli, tmp_path, command):
+    path = tmp_path / "file"
+    path.write_text("x")
+    code, out, err = cli([command, "--cache-dir", path])
+    assert code != 0 and "--cache-dir" in err and "is a file" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_chat_progress_counts_the_blocks_and_the_rest_as_one_prompt(pairs, tmp_path):
+    from dflash2_mlx.text.chat_session import ChatSession
+
+    pair, tok = pairs["qwen3"]
+    system = " ".join(f"rule {i} says keep it short" for i in range(12))
+    session = ChatSession(pair, tok, system_prompt=system, max_tokens=3, block_size=4,
+                          prompt_cache=PromptCache(pair, CacheSettings(block_tokens=S, folder=tmp_path)))
+    seen = []
+    turn = session.ask("hello there", prompt_progress_callback=lambda done, total: seen.append((done, total)))
+    totals = {total for _, total in seen}
+    assert len(totals) == 1 and seen[-1][0] == seen[-1][1] == len(turn.prompt_ids)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen) and seen[0][0] > 0  # blocks first, then the rest
