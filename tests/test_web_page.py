@@ -194,7 +194,7 @@ def test_the_page_endpoints(server):
     state = httpx.get(server.url + "/v1/dflash/state", timeout=10).json()
     assert state["pair"]["kind"] == "dflash2" and state["race"] is True and state["machine"]["backend"] == "cpu"
     assert state["pair"]["block_size"] == 4 and state["costs"] is None  # a fixed block: no cost table
-    assert {"entries", "bytes", "max_bytes", "hits", "misses"} <= set(state["prompt_cache"])
+    assert {"entries", "bytes", "max_bytes", "memory_hits", "disk_hits", "disk"} <= set(state["prompt_cache"])
     # Streamed chunks say which token the drafter made (one chunk per token here: each token of
     # this answer carries text); OpenAI's fields are untouched.
     pieces, usage = stream_pieces(server, {"messages": [{"role": "user", "content": "def f(x):"}], "max_tokens": 24})

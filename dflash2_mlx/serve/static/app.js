@@ -369,8 +369,9 @@ async function refreshState() {
   rows($("state-queue"), [["running", st.queue.busy ? "yes" : "no"], ["waiting", st.queue.waiting],
                           ["limit", st.queue.max_queue]]);
   const c = st.prompt_cache;
-  rows($("state-cache"), [["conversations", c.entries], ["held", bytes(c.bytes)], ["bound", bytes(c.max_bytes)],
-                          ["hits", c.hits], ["misses", c.misses], ["evictions", c.evictions]]);
+  rows($("state-cache"), [["entries", c.entries], ["held in memory", bytes(c.bytes)], ["bound", bytes(c.max_bytes)],
+                          ["blocks reused from memory", c.memory_hits],
+                          ["disk", c.disk ? `${bytes(c.disk_bytes)}, ${c.disk_hits} blocks reused` : "off"]]);
   const t = st.totals;
   rows($("state-totals"), [["generations", t.generations], ["generated tokens", t.generation_tokens],
                            ["prompt tokens cached", `${t.cached_prompt_tokens} of ${t.prompt_tokens}`],
