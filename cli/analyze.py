@@ -9,6 +9,7 @@ import typer
 from dflash2_mlx.files import atomic_write_text
 
 from . import options as o
+from . import plotting
 from . import ui
 
 DFlashRef = Annotated[Optional[str], typer.Option("--dflash", help="The DFlash baseline drafter.")]
@@ -32,6 +33,7 @@ def analyze(
     max_tokens: o.MaxTokens = 64,
     block_size: o.BlockSize = None,
     tree: o.Tree = 0,
+    plot: plotting.PlotDir = None,
     debug: o.Debug = False,
 ):
     """Recall by position, oracle τ, decoded τ at T=0/T=1 (and with --tree N beside the chain),
@@ -47,6 +49,7 @@ def analyze(
     from dflash2_mlx.loading.checkpoints import load_drafter, load_target
 
     o.check_tree(tree)
+    plotting.check_plot(plot, folder=True)
     if not 0 < heldout_fraction <= 1:
         raise DFlashError(f"--heldout-fraction {heldout_fraction:g} must be in (0, 1]: the share of examples held out "
                           "(1: every example, for data the drafters were not trained on)")
@@ -77,6 +80,11 @@ def analyze(
     atomic_write_text(out / "analysis.json", json.dumps(result, indent=2) + "\n")
     atomic_write_text(out / "analysis.md", markdown(result, command))
     ui.status(f"wrote {out / 'analysis.json'} and {out / 'analysis.md'}")
+    if plot is not None:
+        from dflash2_mlx.tools.plots import analyze_plots
+
+        analyze_plots(result, plot)
+        ui.status(f"drew the plots into {plot}")
 
 
 def _check_lengths(target, seq_len: int, prompt_len: int, max_tokens: int, prompts: int) -> None:

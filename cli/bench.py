@@ -8,6 +8,7 @@ from dflash2_mlx.errors import DFlashError
 from dflash2_mlx.files import atomic_write_text, check_writable
 
 from . import options as o
+from . import plotting
 from .stdio import write_whole
 from . import ui
 
@@ -37,6 +38,7 @@ def bench(
     chat_template_config: o.ChatTemplateConfig = None,
     json_file: o.JsonFile = None,
     markdown_file: o.MarkdownFile = None,
+    plot: plotting.PlotDir = None,
     debug: o.Debug = False,
 ):
     """Benchmark plain decoding, DFlash (--dflash-drafter), DFlash 2 (--drafter) and
@@ -56,6 +58,7 @@ def bench(
     for path, flag in ((json_file, "--json"), (markdown_file, "--markdown")):
         if path is not None and str(path) != "-":
             check_writable(path, flag)
+    plotting.check_plot(plot, folder=True)
     trees = o.parse_tree_sweep(tree)
     template_kwargs = o.parse_template_config(chat_template_config)
     if drafter is None and (dflash_drafter or draft_model):
@@ -114,8 +117,8 @@ def bench(
     record.update(provenance(command_typed()))
     # The results are printed even when a file cannot be written at the end
     # (disk full): the error line comes after them.
-    failed = [e for e in (_write(json_file, json.dumps(record, indent=2) + "\n"), _write(markdown_file, markdown(record)))
-              if e is not None]
+    failed = [e for e in (_write(json_file, json.dumps(record, indent=2) + "\n"), _write(markdown_file, markdown(record)),
+                          _plot(plot, record)) if e is not None]
     if json_file is None or str(json_file) != "-":
         ui.print_whole(ui.bench_report(record))  # a redirected table keeps every cell
     if failed:
@@ -168,6 +171,19 @@ def _load_ar_draft(ref: str, target):
         raise DFlashError(f"draft model vocab_size {vocab} vs target vocabulary {target.vocab_size}: "
                           "mlx-lm's speculative decoding needs the same tokenizer")
     return model
+
+
+def _plot(folder: Optional[Path], record: dict) -> Optional[DFlashError]:
+    """Draw the plots; returns the failure instead of raising it (the table still prints)."""
+    if folder is None:
+        return None
+    from dflash2_mlx.tools.plots import bench_plots
+
+    try:
+        bench_plots(record, folder)
+    except DFlashError as e:
+        return e
+    return None
 
 
 def _write(path: Optional[Path], text: str) -> Optional[DFlashError]:

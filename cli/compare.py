@@ -6,6 +6,7 @@ from dflash2_mlx.errors import DFlashError
 from dflash2_mlx.files import atomic_write_text, check_writable
 
 from . import options as o
+from . import plotting
 from .stdio import write_whole
 from . import ui
 
@@ -31,6 +32,7 @@ def compare(
     repeats: o.Repeats = 2,
     json_output: o.Json = False,
     save: o.Save = None,
+    plot: plotting.PlotFile = None,
     no_live: o.NoLive = False,
     replay_speed: o.ReplaySpeed = 1.0,
     debug: o.Debug = False,
@@ -55,6 +57,7 @@ def compare(
     template_kwargs = o.parse_template_config(chat_template_config)
     if save is not None:
         check_writable(save, "--save")
+    plotting.check_plot(plot)
     drafter = o.drafter_for(model, drafter, instead="run `dflash2 generate --ar` for plain decoding alone")
     block_size = o.parse_block_size(block_size)
     if prompt is None:
@@ -99,6 +102,13 @@ def compare(
             atomic_write_text(save, json.dumps(record, indent=2) + "\n")
         except DFlashError as e:
             failed = e
+    if plot is not None:
+        from dflash2_mlx.tools.plots import compare_plot
+
+        try:
+            compare_plot(record, plot)
+        except DFlashError as e:
+            failed = failed or e
     if json_output:
         write_whole(json.dumps(record) + "\n")
     else:

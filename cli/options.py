@@ -393,3 +393,4 @@ def block_plan(pair, block_size, prompt_ids, max_tokens: int, recalibrate: bool 
         note(f"[decode costs rescaled {calibration.rescaled:.2f}x: a plain step timed now disagreed with the "
              "cached calibration; `dflash2 doctor --recalibrate` measures them again]")
     return "auto", calibration
+

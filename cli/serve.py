@@ -158,11 +158,14 @@ def serve(
                              default_max_tokens=max_tokens, template_kwargs=template_kwargs,
                              aliases=names[1:], strict_model_names=strict_model_name)
     drain = Drain()
-    app = create_app(service, settings, drain)
+    from dflash2_mlx.tools.compare import race
+
+    app = create_app(service, settings, drain, race=race)
     bound = sock.getsockname()
     mode = "plain autoregressive" if pair.drafter is None else pair.kind
     print(f"serving '{model}' ({mode}) on http://{_url_host(bound[0])}:{bound[1]}  "
-          f"(OpenAI /v1/chat/completions, Anthropic /v1/messages; Ctrl-C stops)", file=sys.stderr, flush=True)
+          "(open it in a browser for the page; OpenAI /v1/chat/completions, Anthropic /v1/messages; "
+          "Ctrl-C stops)", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, log_level="info" if debug else "warning", access_log=debug,
                             timeout_graceful_shutdown=_AFTER_DRAIN_S)
     # Uvicorn raises a signal it shut down for again, for the default action;

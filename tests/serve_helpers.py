@@ -19,8 +19,8 @@ class Server:
     """`dflash2 serve ARGS` on a port chosen now; `stop()` sends SIGTERM and
     returns (exit code, stderr)."""
 
-    def __init__(self, *args: str, tmp: Path, wait: bool = True):
-        self.port = free_port()
+    def __init__(self, *args: str, tmp: Path, wait: bool = True, port: int = None):
+        self.port = port or free_port()  # a port given: a restart where the last server was
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(tmp / f"serve-{self.port}.log", "w+")
         self.proc = subprocess.Popen(

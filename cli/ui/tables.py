@@ -25,6 +25,8 @@ def compare_table(comparison):
     from rich.table import Table
     from rich.text import Text
 
+    from dflash2_mlx.tools.compare import honest_lines
+
     s = comparison.summary()
     a, d = s["ar"], s["spec"]
     auto = s.get("block_policy") == "auto"
@@ -58,16 +60,8 @@ def compare_table(comparison):
         Text(machine_line(m), style=MUTED),
         parity_text(comparison.parity),
     ]
-    if auto and s.get("fallback"):
-        lines.insert(2, Text(f"auto fell back to plain decoding {s['fallback']}", style="yellow"))
-    if 0 < speed < 1:
-        tau = s["mean_acceptance_length"]
-        why = (f"slower here: each cycle committed τ = {tau:.2f} tokens but took about {tau / speed:.1f}x a plain "
-               "decoding step (drafting plus a block verify); speculation pays only when τ exceeds that cost.")
-        if m["backend"] == "cpu":
-            why += (" On the Linux CPU build a block verify of a real-size model costs nearly as much per row as "
-                    "plain decoding, so it cannot win there; τ and target passes carry over to GPUs, tokens/s do not.")
-        lines.insert(2, Text(why, style="yellow"))
+    for i, line in enumerate(honest_lines(s, m)):
+        lines.insert(2 + i, Text(line, style="yellow"))
     return Group(*lines)
 
 

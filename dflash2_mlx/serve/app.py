@@ -8,7 +8,6 @@ server keeps serving.
 
 import asyncio
 import hmac
-import json
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -19,9 +18,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import anthropic, openai, responses
+from . import anthropic, openai, responses, web
 from .drain import Drain, retry_after_s
 from .errors import ApiError
+from .body import read_json
 from .jobs import collect
 from .service import EngineService, QueueFull, ShuttingDown
 from .sampling_fields import check_vocabulary
@@ -31,13 +31,14 @@ log = logging.getLogger("dflash2.serve")
 
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
           "/v1/models",
-          "/health", "/metrics")
+          "/health", "/metrics", "/", "/v1/dflash/state", "/v1/dflash/race")
 OPEN_PATHS = ("/health",)  # answered without a key: load balancers and supervisors poll it
 
 
-def create_app(service: EngineService, settings: ServeSettings, drain: Drain = None) -> Starlette:
+def create_app(service: EngineService, settings: ServeSettings, drain: Drain = None, race=None) -> Starlette:
     """The server for a started `service` (models loaded). `drain`, when
-    given, is started by whoever stops the server (drain.py)."""
+    given, is started by whoever stops the server (drain.py). `race`, when
+    given, is what POST /v1/dflash/race runs (web.py)."""
     tokenizer = service.tokenizer
     drain = drain or Drain()
     created = int(time.time())
@@ -127,6 +128,7 @@ def create_app(service: EngineService, settings: ServeSettings, drain: Drain = N
             Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
             Route("/v1/responses", create_response, methods=["POST"]),
             Route("/v1/responses/{id}", get_response, methods=["GET"]),
+            *web.routes(service, settings, race),
         ],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error},
         lifespan=lifespan,
@@ -146,26 +148,6 @@ def submit(service: EngineService, request):
                        headers={"Retry-After": str(wait)}) from None
     except ShuttingDown:
         raise ApiError(503, "the server is shutting down: retry on another instance") from None
-
-
-async def read_json(request: Request, limit: int) -> dict:
-    """The body as a JSON object: 413 past `limit` bytes, 400 when not JSON."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"the body has {int(declared):,} bytes, over this server's limit of {limit:,}")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, f"the body is over this server's limit of {limit:,} bytes")
-    try:
-        value = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        where = f" ({e.msg} at line {e.lineno} column {e.colno})" if isinstance(e, json.JSONDecodeError) else ""
-        raise ApiError(400, f"the body is not valid JSON{where}") from None
-    if not isinstance(value, dict):
-        raise ApiError(400, "the body must be a JSON object")
-    return value
 
 
 def _error_response(request_path: str, error: ApiError) -> JSONResponse:
@@ -221,7 +203,7 @@ class _Guard:
 
         try:
             key = self.settings.api_key
-            if key is not None and path not in OPEN_PATHS and not _key_ok(scope, key):
+            if key is not None and path not in OPEN_PATHS and not web.is_page_path(path) and not _key_ok(scope, key):
                 error = ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'")
                 return await _error_response(path, error)(scope, receive, counted_send)
             if path in _WATCH_PATHS:  # answered at once, draining or not; the drain does not wait for them

@@ -51,6 +51,7 @@ class Delta:
     text: str  # may be '' while a character is incomplete
     token: int
     logprobs: Optional[TokenLogprobs] = None
+    from_draft: bool = False  # drafted by the drafter and accepted by the target (the page colours it)
 
 
 @dataclass(frozen=True)

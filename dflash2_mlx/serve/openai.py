@@ -204,6 +204,10 @@ class Answer:
         self.splitter = ReasoningSplitter(*call.think)
         self.tool_stream = ToolStreamer(call.tools) if call.tools.parse else None
         self._indices: dict = {}  # streamed tool call id -> its index in the stream
+        # Whether the token being streamed came from the drafter: sent as an extra `dflash`
+        # object on each chunk its text goes out in (OpenAI clients ignore unknown fields; the
+        # page colours drafted text). Text a splitter held back rides on the token that frees it.
+        self.from_draft: Optional[bool] = None
 
     def _envelope(self, chunk: bool) -> dict:
         kind = ("chat.completion" if self.call.chat else "text_completion") + (".chunk" if chunk and self.call.chat else "")
@@ -248,7 +252,10 @@ class Answer:
             choice = {"index": 0, "delta": delta or {}, "finish_reason": finish, "logprobs": logprobs}
         else:
             choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
-        return sse({**self._envelope(True), "choices": [choice]})
+        body = {**self._envelope(True), "choices": [choice]}
+        if self.from_draft is not None:
+            body["dflash"] = {"from_draft": self.from_draft}
+        return sse(body)
 
     def text_chunks(self, text: str, final: bool = False) -> list[str]:
         if not self.call.chat:
@@ -298,8 +305,10 @@ async def stream(job: Job, answer: Answer) -> AsyncIterator[str]:
         elif isinstance(event, Delta):
             if event.logprobs is not None:
                 answer.unsent.append(event)
+            answer.from_draft = event.from_draft
             for chunk in answer.text_chunks(event.text):
                 yield chunk
+            answer.from_draft = None
         elif isinstance(event, Finished):
             for chunk in answer.text_chunks("", final=True):
                 yield chunk

@@ -125,6 +125,22 @@ class EngineService:
         self._queue.put(job)
         return job
 
+    def submit_task(self, work: Callable[["EngineService"], object]) -> "Task":
+        """Queue `work(service)` to run on the worker, between generations and never
+        beside one (the race: serve/web.py). Refused like a request when the queue
+        is full or the server stops; `await task.result()` gives what it returned."""
+        if self.channel is not None:  # the other ranks run only generations
+            raise ApiError(400, "this server splits the target over ranks: the race runs on a single-process server")
+        task = Task(work, asyncio.get_running_loop())
+        with self._lock:
+            if self._stopping:
+                raise ShuttingDown()
+            if self._outstanding >= self.max_queue + 1:
+                raise QueueFull()
+            self._outstanding += 1
+        self._queue.put(task)
+        return task
+
     @property
     def queue_length(self) -> int:
         """Requests waiting for the model (the running one not counted)."""
@@ -154,7 +170,7 @@ class EngineService:
                     return
                 self._busy = True
                 try:
-                    self._run(job)
+                    job.run(self) if isinstance(job, Task) else self._run(job)
                 finally:
                     self._busy = False
                     with self._lock:
@@ -179,7 +195,7 @@ class EngineService:
             return keep if channel is None else channel.agree(keep)
 
         outcome = self.generate(request, go, lambda n, cached: job.post(Started(n, cached)),
-                                lambda r: job.post(Delta(r.text, r.token, r.logprobs)))
+                                lambda r: job.post(Delta(r.text, r.token, r.logprobs, r.from_draft)))
         if isinstance(outcome, Failed):
             job.post(outcome)
             return
@@ -248,6 +264,36 @@ class EngineService:
         if _at_rest(cache):
             self.pool.put(cache)
         return ids, reuse, n, last, cancelled
+
+
+class Task:
+    """Work other than a generation, run on the worker thread (it owns the model)."""
+
+    def __init__(self, work: Callable[["EngineService"], object], loop: asyncio.AbstractEventLoop):
+        self.work = work
+        self._future = loop.create_future()
+        self._loop = loop
+
+    def run(self, service: "EngineService") -> None:
+        try:
+            value, error = self.work(service), None
+        except Exception as e:  # handed to the awaiting request, which answers with one line
+            value, error = None, e
+        try:
+            self._loop.call_soon_threadsafe(self._settle, value, error)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    def _settle(self, value, error) -> None:
+        if self._future.done():
+            return
+        if error is not None:
+            self._future.set_exception(error)
+        else:
+            self._future.set_result(value)
+
+    async def result(self):
+        return await asyncio.shield(self._future)
 
 
 def _at_rest(cache: DecodeCache) -> bool:

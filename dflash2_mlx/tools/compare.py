@@ -262,6 +262,36 @@ def compare(
     return Comparison(prompt_ids, settings, runs["ar"], runs["spec"], order, machine_info(), verdict)
 
 
+def honest_lines(summary: dict, machine: dict) -> list[str]:
+    """What the numbers mean when drafting loses or auto gave up on it, in plain words
+    (`dflash2 compare` prints them under its table; the page shows them under the race)."""
+    lines = []
+    speed = summary["speedup_decode"]
+    if 0 < speed < 1:
+        tau = summary["mean_acceptance_length"]
+        why = (f"slower here: each cycle committed τ = {tau:.2f} tokens but took about {tau / speed:.1f}x a plain "
+               "decoding step (drafting plus a block verify); speculation pays only when τ exceeds that cost.")
+        if machine.get("backend") == "cpu":
+            why += (" On the Linux CPU build a block verify of a real-size model costs nearly as much per row as "
+                    "plain decoding, so it cannot win there; τ and target passes carry over to GPUs, tokens/s do not.")
+        lines.append(why)
+    if summary.get("block_policy") == "auto" and summary.get("fallback"):
+        lines.append(f"auto fell back to plain decoding {summary['fallback']}")
+    return lines
+
+
+def race(pair: Pair, tokenizer, prompt_ids: Sequence[int], *, max_tokens: int, sampling: SamplingParams,
+         block_size: Union[int, str, None] = None, calibration=None, tree_rows: int = 0) -> dict:
+    """One race as the page shows it: both arms warmed up, then plain decoding and then
+    the pair, once each; the JSON record of `compare` (per-token times of both arms)
+    with its honest lines under `notes`."""
+    result = compare(pair, tokenizer, prompt_ids, max_tokens=max_tokens, sampling=sampling, block_size=block_size,
+                     calibration=calibration, repeats=1, tree_rows=tree_rows)
+    record = result.to_dict()
+    record["notes"] = honest_lines(record["summary"], record["machine"])
+    return record
+
+
 @dataclass(frozen=True)
 class ReplayFrame:
     """What the replay shows at time `t`: tokens visible in each arm."""
