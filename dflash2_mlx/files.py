@@ -8,11 +8,16 @@ from .errors import DFlashError
 
 def atomic_write_text(path, text: str) -> Path:
     """Write `text` to `path` via a temporary file and a rename."""
+    return atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_bytes(path, data: bytes) -> Path:
+    """Write `data` to `path` via a temporary file and a rename."""
     path = Path(path).expanduser()
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text)
+        tmp.write_bytes(data)
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)

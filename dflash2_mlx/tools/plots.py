@@ -10,12 +10,11 @@ pyplot (no global state, no display needed). No UI here.
 
 import io
 import json
-import os
 from pathlib import Path
 from typing import Optional
 
 from ..errors import DFlashError
-from ..files import atomic_write_text
+from ..files import atomic_write_bytes, atomic_write_text
 from ..text.modes import MODE_LABELS
 
 
@@ -182,7 +181,7 @@ def _write(stem: Path, title: str, label: str, data: dict, draw, size=(8, 5)) ->
         for fmt in FORMATS:
             out = io.BytesIO()
             fig.savefig(out, format=fmt, dpi=120, metadata={"Date": None} if fmt == "svg" else None)
-            written.append(_atomic_bytes(stem.with_suffix(f".{fmt}"), out.getvalue()))
+            written.append(atomic_write_bytes(stem.with_suffix(f".{fmt}"), out.getvalue()))
     written.append(atomic_write_text(stem.with_suffix(".json"), json.dumps(data, indent=2) + "\n"))
     return written
 
@@ -197,15 +196,3 @@ def _wrapped(label: str, width: int = 150) -> str:
             line = "    " + line[cut:].lstrip()
         lines.append(line)
     return "\n".join(lines)
-
-
-def _atomic_bytes(path: Path, data: bytes) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise DFlashError(f"cannot write '{path}' ({e.strerror}): choose a writable location") from None
-    return path
