@@ -387,10 +387,12 @@ def markdown(record: dict) -> str:
         out += ["", "Tree modes (docs/tree.md): block is the tree's rows per verify pass, the tree drafted from "
                 "the drafter's full block; their τ compares with the chain's at the same block."]
     for kind, cal in record.get("calibration", {}).items():
-        c = cal["costs"]
-        cycles = c.get("cycle_s") or {}
-        out += ["", f"{mode_name(kind)} calibration for --block-size auto (measured): plain step "
-                f"{1e3 * c['plain_s']:.2f} ms; cycle " + ", ".join(
-                    f"block {B} {1e3 * t:.2f} ms ({t / c['plain_s']:.1f}x)" for B, t in cycles.items())]
+        tables = cal["costs"].get("by_context") or {"": cal["costs"]}  # format 1: one table
+        for context, c in tables.items():
+            cycles = c.get("cycle_s") or {}
+            where = f" after {context} tokens" if context else ""
+            out += ["", f"{mode_name(kind)} calibration for --block-size auto (measured){where}: plain step "
+                    f"{1e3 * c['plain_s']:.2f} ms; cycle " + ", ".join(
+                        f"block {B} {1e3 * t:.2f} ms ({t / c['plain_s']:.1f}x)" for B, t in cycles.items())]
     out += [""] + [f"- {line}" for line in record["verdict"]] + [f"- skipped: {x}" for x in record["skipped"]]
     return "\n".join(out) + "\n"
