@@ -184,6 +184,7 @@ def _prefill(prompt: mx.array, pair: Pair, cache: DecodeCache, prefill_step_size
             drafter.append_context(features, cache.drafter)
             mx.eval([c.state for c in cache.drafter])
         mx.eval([c.state for c in cache.target])
+        mx.clear_cache()  # as mlx-lm: a chunk's freed buffers must not pile up into the next one's peak
         if prompt_progress_callback is not None:
             prompt_progress_callback(min(start + prefill_step_size, total), total)
     return logits[0, -1]
