@@ -48,7 +48,7 @@ class EngineService:
         cache_bytes: int = 0,
         block_size: Union[int, str, None] = None,
         calibration=None,
-        prefill_step_size: int = 2048,
+        prefill_step_size: Optional[int] = None,
         tree_rows: int = 0,
         metrics: Optional[Metrics] = None,
         channel=None,
