@@ -50,9 +50,9 @@ def generate_step(
     (`choose(tokens_left)` -> a `Choice`, `record`, `observe(drafted, accepted)`,
     e.g. an `adaptive.BlockPolicy`) picks every cycle's block size instead.
     `tree_rows` > 0 verifies trees from the drafter's lattice (docs/tree.md).
-    `prompt_cache` holds earlier context; `prompt` then starts with its last
-    committed token. `prompt_progress_callback(done, total)`: mlx-lm's.
-    `prefill_step_size` None: the backend's (`device.default_prefill_step_size`).
+    `prompt_cache` holds earlier context; `prompt` then starts with its last committed
+    token. `prompt_progress_callback(done, total)`: mlx-lm's; `prefill_step_size` None:
+    the backend's (`device.default_prefill_step_size`).
     `grammar` (a fresh `GrammarState`, docs/structured.md), `logits_processors`
     (mlx-lm's bias and penalties) and `top_logprobs` k: rows.py.
     """
