@@ -50,9 +50,8 @@ def generate_step(
     (`choose(tokens_left)` -> a `Choice`, `record`, `observe(drafted, accepted)`,
     e.g. an `adaptive.BlockPolicy`) picks every cycle's block size instead.
     `tree_rows` > 0 verifies trees from the drafter's lattice (docs/tree.md).
-    `prompt_cache` holds earlier context; `prompt` then starts with its last committed
-    token. `prompt_progress_callback(done, total)`: mlx-lm's; `prefill_step_size` None:
-    the backend's (`device.default_prefill_step_size`).
+    `prompt_cache` holds earlier context; `prompt` then starts with its last
+    committed token. `prompt_progress_callback(done, total)`: mlx-lm's.
     `grammar` (a fresh `GrammarState`, docs/structured.md), `logits_processors`
     (mlx-lm's bias and penalties) and `top_logprobs` k: rows.py.
     """
@@ -65,7 +64,7 @@ def generate_step(
     if policy is None or tree_rows:  # the cost model is the chain's: a tree drafts the fixed block
         policy = FixedBlock(block)
     key, sub = split_key(make_key(sampling))
-    last = _prefill(prompt, pair, cache, prefill_step_size or default_prefill_step_size(), prompt_progress_callback)
+    last = _prefill(prompt, pair, cache, prefill_step_size, prompt_progress_callback)
     cache.record_prompt(prompt)
     plain = PlainStep.sampled(last, cache, sample, sub, rule, rows=0)
     pending, left, choice, anchor = PendingFeatures(), max_tokens, None, None
@@ -168,20 +167,21 @@ def autoregressive_generate_step(
                          prompt_progress_callback=prompt_progress_callback, **rows)
 
 
-def _prefill(prompt: mx.array, pair: Pair, cache: DecodeCache, prefill_step_size: int,
+def _prefill(prompt: mx.array, pair: Pair, cache: DecodeCache, prefill_step_size: Optional[int],
              prompt_progress_callback: Optional[Callable[[int, int], None]] = None) -> mx.array:
     """Run the prompt through the target (and its features into the drafter
     cache) chunk by chunk; return the last row's logits [V].
     As mlx-lm: all tokens but the last in chunks of which only the caches are
     evaluated (so the last layer's MLP and the head never run on their rows),
     then the last token alone for its logits; bitwise the same on the CPU.
+    `prefill_step_size` None: the backend's (`device.default_prefill_step_size`).
     `prompt_progress_callback(done, total)` is called with 0 first, then after
     each chunk has run (its caches evaluated), ending with `total`."""
     target, drafter = pair.target, pair.drafter
-    total = prompt.size
+    total, step = prompt.size, prefill_step_size or default_prefill_step_size()
     if prompt_progress_callback is not None:
         prompt_progress_callback(0, total)
-    ends = [*range(prefill_step_size, total - 1, prefill_step_size), total - 1, total]
+    ends = [*range(step, total - 1, step), total - 1, total]
     start = 0
     for end in ends[1:] if total == 1 else ends:
         logits, features = target(prompt[start:end][None], cache.target, pair.layer_ids, last_logits_only=True)
