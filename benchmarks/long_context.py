@@ -22,6 +22,7 @@ Per context, two parts:
    generation_tps), τ, peak memory during the arm (the prefilled caches
    included), the drafter's KV bytes and whether its tokens equal --ar's.
 
+--prefill-only runs part 1 alone (contexts whose decode arms take too long).
 --cache-tiers adds time to first token warm from memory and from disk: it
 needs the block prompt cache of issue 23 (items 1-2) and stops with "prompt
 cache tier not available" until this package has one. Nothing here fakes
@@ -145,6 +146,8 @@ def main(argv=None):
     ap.add_argument("--max-positions", type=int, default=None,
                     help="max_position_embeddings of the look-alike (default: the longest context + --max-tokens)")
     ap.add_argument("--cache-tiers", action="store_true", help="also time to first token warm from memory and disk")
+    ap.add_argument("--prefill-only", action="store_true", help="only part 1 (long contexts whose decode arms "
+                                                                "would not fit the time at hand)")
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args(argv)
     positions = args.max_positions or max(args.contexts) + args.max_tokens + 64
@@ -157,7 +160,8 @@ def main(argv=None):
               "backend": backend_name(), "machine": platform.machine(), "processor": platform.processor(),
               "pair": "builtin look-alike (long rope)", "max_positions": positions, "max_tokens": args.max_tokens,
               "blocks": args.blocks, "draft_window": args.draft_window, "repeats": args.repeats,
-              "calibration_tokens": CALIBRATION_TOKENS, "contexts": {}}
+              "calibration_tokens": CALIBRATION_TOKENS, "prefill_only": args.prefill_only, "contexts": {}}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         folders = long_rope_folders(Path(tmp), positions)
         full, tokenizer = load_pair(*(str(f) for f in folders))
@@ -166,19 +170,22 @@ def main(argv=None):
         calibration = None
         for context in args.contexts:
             ids = context_ids(tokenizer, context)
-            if calibration is None:
+            if calibration is None and not args.prefill_only:
                 calibration = load_or_calibrate(full, None, ids[:CALIBRATION_TOKENS])
             prefill = prefill_part(folders, context, args)
             print(f"context {context:,} prefill: " + "; ".join(
                 f"{a} {v['prompt_tps']:.0f} tok/s ({v['prompt_tps_vs_mlx_lm']:.2f}x, CPU time {v['prompt_cpu_tps_vs_mlx_lm']:.2f}x) "
                 f"{v['peak_memory_bytes'] / 1e6:.1f} MB ({v['peak_memory_vs_mlx_lm']:.2f}x)"
                 for a, v in prefill.items()), flush=True)
+            record["contexts"][str(context)] = {"prefill": prefill}
+            if args.prefill_only:
+                atomic_write_text(args.json, json.dumps(record, indent=1) + "\n")
+                continue
             decode = decode_part((full, windowed), tokenizer, ids, args, calibration)
             print(f"context {context:,} decode: " + "; ".join(
                 f"{a} {v['decode_tps_median']:.1f} tok/s τ {v['tau']:.2f} drafter KV "
                 f"{v['drafter_kv_bytes'] / 2**20:.2f} MiB" for a, v in decode.items()), flush=True)
             record["contexts"][str(context)] = {"prefill": prefill, "decode": decode}
-            args.json.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(args.json, json.dumps(record, indent=1) + "\n")
 
 
