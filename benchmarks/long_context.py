@@ -72,13 +72,14 @@ def prefill_part(folders, context: int, args) -> dict:
     for r in range(args.repeats):
         for name in names[r % len(names):] + names[: r % len(names)]:
             runs[name].append(run_arm({**specs[name], "context": context, "decode": args.max_tokens}))
-    med = {n: {k: statistics.median(r[k] for r in rs) for k in ("prompt_tps", "prompt_cpu_tps", "generation_tps", "peak_memory_bytes")}
-           for n, rs in runs.items()}
+    keys = ("prompt_tps", "prompt_cpu_tps", "generation_tps", "decode_cpu_tps", "peak_memory_bytes")
+    med = {n: {k: statistics.median(r[k] for r in rs) for k in keys} for n, rs in runs.items()}
     base = med["mlx_lm"]
     return {n: {**m, "prompt_tps_vs_mlx_lm": m["prompt_tps"] / base["prompt_tps"],
                 "prompt_cpu_tps_vs_mlx_lm": m["prompt_cpu_tps"] / base["prompt_cpu_tps"],
                 "peak_memory_vs_mlx_lm": m["peak_memory_bytes"] / base["peak_memory_bytes"],
                 "decode_tps_vs_mlx_lm": m["generation_tps"] / base["generation_tps"],
+                "decode_cpu_tps_vs_mlx_lm": m["decode_cpu_tps"] / base["decode_cpu_tps"],
                 "weights_bytes": runs[n][0]["weights_bytes"], "target_dtype": runs[n][0]["target_dtype"],
                 "tokens_equal_mlx_lm": all(r["tokens"][:len(runs["mlx_lm"][0]["tokens"])] == runs["mlx_lm"][0]["tokens"]
                                            for r in runs[n]),

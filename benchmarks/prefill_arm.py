@@ -13,7 +13,8 @@ loading (the weights stay resident, so they are in it) through prefill and
 decode; `weights_bytes` is what was resident after loading. `prompt_cpu_tps`
 counts the prompt against this process's CPU time up to the first token (as
 `prompt_tps` counts it against the clock): on a shared machine, where other
-processes take the clock's time, it is the steadier of the two.
+processes take the clock's time, it is the steadier of the two;
+`decode_cpu_tps` counts the decoded tokens after the first the same way.
 """
 
 import json
@@ -40,9 +41,11 @@ def _mlx_lm(spec: dict) -> dict:
     step = {"prefill_step_size": spec["step"]} if spec.get("step") else {}
     tokens, cpu = [], time.process_time()
     for r in stream_generate(model, tokenizer, ids, max_tokens=spec["decode"] + 1, **step):
-        cpu = cpu if tokens else time.process_time() - cpu
+        cpu, first = (cpu, first) if tokens else (time.process_time() - cpu, time.process_time())
         tokens.append(r.token)
-    return {"prompt_tps": r.prompt_tps, "prompt_cpu_tps": len(ids) / cpu, "generation_tps": r.generation_tps, "tokens": tokens,
+    return {"prompt_tps": r.prompt_tps, "prompt_cpu_tps": len(ids) / cpu,
+            "decode_cpu_tps": (len(tokens) - 1) / max(time.process_time() - first, 1e-9),
+            "generation_tps": r.generation_tps, "tokens": tokens,
             "peak_memory_bytes": mx.get_peak_memory(), "weights_bytes": weights,
             "target_dtype": str(model.model.embed_tokens.weight.dtype)}
 
@@ -63,10 +66,12 @@ def _dflash2(spec: dict) -> dict:
     out, cpu = [], time.process_time()
     for r in stream_generate(pair, tokenizer, ids, max_tokens=spec["decode"] + 1,
                              block_size=spec.get("block_size"), **step):
-        cpu = cpu if out else time.process_time() - cpu
+        cpu, first = (cpu, first) if out else (time.process_time() - cpu, time.process_time())
         out.append(r)
     s = out[-1].stats
-    return {"prompt_tps": s.prompt_tps, "prompt_cpu_tps": len(ids) / cpu, "generation_tps": s.generation_tps, "tokens": [r.token for r in out],
+    return {"prompt_tps": s.prompt_tps, "prompt_cpu_tps": len(ids) / cpu,
+            "decode_cpu_tps": (len(out) - 1) / max(time.process_time() - first, 1e-9),
+            "generation_tps": s.generation_tps, "tokens": [r.token for r in out],
             "peak_memory_bytes": mx.get_peak_memory(), "weights_bytes": weights,
             "target_dtype": str(target.activation_dtype), "tau": s.mean_acceptance_length,
             "drafter_dtype": str(drafter.activation_dtype) if drafter else None}

@@ -44,12 +44,14 @@ def arms(args, target: Path) -> dict:
 def summarise(runs: dict) -> dict:
     base = runs["mlx_lm"]
     med = {arm: {k: statistics.median(r[k] for r in rs) for k in ("prompt_tps", "prompt_cpu_tps",
-                                                                      "generation_tps", "peak_memory_bytes")}
+                                                                      "generation_tps", "decode_cpu_tps",
+                                                                      "peak_memory_bytes")}
            for arm, rs in runs.items()}
     ref = base[0]["tokens"]
     return {arm: {**m, "prompt_tps_vs_mlx_lm": m["prompt_tps"] / med["mlx_lm"]["prompt_tps"],
                   "prompt_cpu_tps_vs_mlx_lm": m["prompt_cpu_tps"] / med["mlx_lm"]["prompt_cpu_tps"],
                   "decode_tps_vs_mlx_lm": m["generation_tps"] / med["mlx_lm"]["generation_tps"],
+                  "decode_cpu_tps_vs_mlx_lm": m["decode_cpu_tps"] / med["mlx_lm"]["decode_cpu_tps"],
                   "peak_memory_vs_mlx_lm": m["peak_memory_bytes"] / med["mlx_lm"]["peak_memory_bytes"],
                   "weights_bytes": runs[arm][0]["weights_bytes"], "target_dtype": runs[arm][0]["target_dtype"],
                   "tokens_equal_mlx_lm": all(r["tokens"] == ref for r in runs[arm]),
@@ -81,7 +83,8 @@ def main(argv=None):
             print(f"context {context:,}: " + "; ".join(
                 f"{a} {v['prompt_tps']:.0f} tok/s ({v['prompt_tps_vs_mlx_lm']:.2f}x, CPU time {v['prompt_cpu_tps_vs_mlx_lm']:.2f}x) "
                 f"{v['peak_memory_bytes'] / 1e6:.1f} MB ({v['peak_memory_vs_mlx_lm']:.2f}x) "
-                f"decode {v['decode_tps_vs_mlx_lm']:.2f}x" for a, v in results[str(context)].items()), flush=True)
+                f"decode {v['decode_tps_vs_mlx_lm']:.2f}x (CPU time {v['decode_cpu_tps_vs_mlx_lm']:.2f}x)"
+                for a, v in results[str(context)].items()), flush=True)
             record = {
                 **provenance(command_line("python benchmarks/prefill_policy.py", sys.argv[1:] if argv is None else argv)),
                 "backend": backend_name(), "machine": platform.machine(), "processor": platform.processor(),

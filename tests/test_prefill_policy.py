@@ -77,8 +77,9 @@ def test_greedy_output_equals_mlx_lm_with_and_without_the_drafter(builtin, step)
     assert len(ids) > 32 * 2  # several chunks, and a last token alone
     N = 12
     reference = _mlx_lm_tokens(ids, N, step or 2048)
-    plain = [t for s in autoregressive_generate_step(ids, pair, max_tokens=N, prefill_step_size=step) for t in s.tokens]
-    drafted = [t for s in generate_step(ids, pair, max_tokens=N, block_size=8, prefill_step_size=step) for t in s.tokens]
+    plain = autoregressive_generate_step(ids, pair, max_tokens=N, prefill_step_size=step)
+    drafted = generate_step(ids, pair, max_tokens=N, block_size=8, prefill_step_size=step)
+    plain, drafted = ([t for s in steps for t in s.tokens] for steps in (plain, drafted))
     assert plain == reference
     assert drafted[:N] == reference
 
@@ -105,7 +106,8 @@ def test_long_context_benchmark_runs_end_to_end(tmp_path):
     assert record["backend"] == backend_name() and record["contexts"].keys() == {"64"}
     prefill, decode = record["contexts"]["64"]["prefill"], record["contexts"]["64"]["decode"]
     assert set(prefill) == {"mlx_lm", "ar", "drafter"}
-    assert all(a["prompt_tps"] > 0 and a["peak_memory_bytes"] > 0 and a["tokens_equal_mlx_lm"] for a in prefill.values())
+    assert all(a["prompt_tps"] > 0 and a["peak_memory_bytes"] > 0 for a in prefill.values())
+    assert all(a["tokens_equal_mlx_lm"] for a in prefill.values())
     assert set(decode) == {"ar", "block_4", "auto", "window"}
     assert all(a["identical_to_ar"] and a["decode_tps_median"] > 0 for a in decode.values())
     assert decode["window"]["drafter_kv_bytes"] < decode["block_4"]["drafter_kv_bytes"]
