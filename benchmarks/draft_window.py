@@ -25,7 +25,6 @@ run while it times.
 import argparse
 import json
 import platform
-import shutil
 import statistics
 import sys
 import tempfile
@@ -34,32 +33,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dflash2_mlx import SamplingParams, load_pair, stream_generate  # noqa: E402
+from dflash2_mlx import SamplingParams, stream_generate  # noqa: E402
 from dflash2_mlx.device import backend_name  # noqa: E402
 from dflash2_mlx.engine.decode.state import DecodeCache  # noqa: E402
 from dflash2_mlx.engine.drafter.context_caches import SINK_ROWS  # noqa: E402
 from dflash2_mlx.files import atomic_write_text  # noqa: E402
-from dflash2_mlx.loading.builtin import resolve_builtin  # noqa: E402
 from dflash2_mlx.tools.provenance import command_line, provenance  # noqa: E402
-
-
-def long_rope_pair(folder: Path, max_positions: int):
-    """The built-in pair, copied with `max_position_embeddings` = `max_positions`."""
-    for what, name in (("target", "target"), ("drafter", "drafter")):
-        dest = folder / name
-        shutil.copytree(resolve_builtin("builtin", what), dest)
-        config = json.loads((dest / "config.json").read_text())
-        config["max_position_embeddings"] = max_positions
-        (dest / "config.json").write_text(json.dumps(config, indent=2))
-    return load_pair(str(folder / "target"), str(folder / "drafter"))
-
-
-def context_ids(tokenizer, tokens: int) -> list[int]:
-    text = "\n\n".join(p.read_text() for p in sorted((ROOT / "dflash2_mlx").rglob("*.py")))
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    if len(ids) < tokens:
-        raise SystemExit(f"error: the source text has {len(ids):,} tokens, fewer than --contexts {tokens:,}")
-    return ids[:tokens]
+from long_rope import context_ids, long_rope_pair  # noqa: E402
 
 
 def run(pair, tokenizer, ids, window, block_size, max_tokens) -> tuple[list[int], dict]:

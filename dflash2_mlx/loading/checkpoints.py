@@ -11,11 +11,11 @@ from mlx.utils import tree_flatten, tree_map_with_path
 from ..engine.drafter.config import DrafterConfig
 from ..engine.drafter.model import Drafter
 from ..errors import CheckpointError, ConfigError
-from ..device import default_activation_dtype
+from ..device import default_activation_dtype, target_activation_dtype
 from .hub import resolve
 from .safetensors_header import check_safetensors
 from .target_checks import check_target_folder
-from .quantize import apply_saved_quantization, saved_activation_dtype, unpacked_width
+from .quantize import apply_saved_quantization, is_quantized, saved_activation_dtype, unpacked_width
 from ..engine.target.adapter import Target, check_supported
 from .sharded import barrier, shard_target
 
@@ -68,6 +68,22 @@ def cast_floating(model, dtype) -> None:
     ))
 
 
+def stored_float_dtype(model: nn.Module) -> mx.Dtype:
+    """The float dtype most of `model`'s float weights were stored in (fp32 when it has none)."""
+    sizes: dict = {}
+    for _, x in tree_flatten(model.parameters()):
+        if mx.issubdtype(x.dtype, mx.floating):
+            sizes[x.dtype] = sizes.get(x.dtype, 0) + x.size
+    return max(sizes, key=sizes.get) if sizes else mx.float32
+
+
+def has_experts(model: nn.Module) -> bool:
+    """Whether `model` has mixture-of-experts layers (mlx-lm's switch layers)."""
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
+
+    return any(isinstance(m, (SwitchLinear, QuantizedSwitchLinear)) for _, m in model.named_modules())
+
+
 def load_target(
     ref: str,
     revision: Optional[str] = None,
@@ -105,7 +121,8 @@ def load_target(
         raise CheckpointError(f"target '{ref}' does not load ({_first_line(e)}): check its config.json "
                               "and weights, or download them again") from None
     target = shard_target(model, model_type, group, time_collectives) if sharded else None
-    cast_floating(model, activation_dtype or default_activation_dtype())
+    cast_floating(model, activation_dtype or target_activation_dtype(stored_float_dtype(model), is_quantized(model),
+                                                                     has_experts(model)))
     try:
         tokenizer = load_tokenizer(folder, tokenizer_config, eos_token_ids=config.get("eos_token_id"))
     except Exception as e:

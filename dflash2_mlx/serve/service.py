@@ -51,7 +51,7 @@ class EngineService:
         cache_block_tokens: int = 256,
         block_size: Union[int, str, None] = None,
         calibration=None,
-        prefill_step_size: int = 2048,
+        prefill_step_size: Optional[int] = None,
         tree_rows: int = 0,
         metrics: Optional[Metrics] = None,
         channel=None,

@@ -72,7 +72,7 @@ class ChatSession:
         sampling: SamplingParams = SamplingParams(),
         block_size: Union[int, str, None] = None,
         calibration=None,
-        prefill_step_size: int = 2048,
+        prefill_step_size: Optional[int] = None,
         tree_rows: int = 0,
         prompt_cache=None,
     ):

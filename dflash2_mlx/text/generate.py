@@ -59,7 +59,7 @@ def stream_generate(
     block_size: Union[int, str, None] = None,
     calibration: Optional[Calibration] = None,
     stop: Sequence[str] = (),
-    prefill_step_size: int = 2048,
+    prefill_step_size: Optional[int] = None,
     prompt_cache: Optional[DecodeCache] = None,
     profiler: Optional[CycleProfiler] = None,
     tree_rows: int = 0,

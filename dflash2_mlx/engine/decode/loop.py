@@ -11,6 +11,7 @@ from typing import Callable, Generator, Optional, Sequence
 
 import mlx.core as mx
 
+from ...device import default_prefill_step_size
 from ...errors import DFlashError
 from ..grammar import GrammarState
 from ..pair import Pair
@@ -33,7 +34,7 @@ def generate_step(
     max_tokens: int = 256,
     block_size: Optional[int] = None,
     sampling: SamplingParams = SamplingParams(),
-    prefill_step_size: int = 2048,
+    prefill_step_size: Optional[int] = None,
     prompt_cache: Optional[DecodeCache] = None,
     profiler: Optional[CycleProfiler] = None,
     tree_rows: int = 0,
@@ -154,7 +155,7 @@ def autoregressive_generate_step(
     *,
     max_tokens: int = 256,
     sampling: SamplingParams = SamplingParams(),
-    prefill_step_size: int = 2048,
+    prefill_step_size: Optional[int] = None,
     prompt_cache: Optional[DecodeCache] = None,
     prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
     **rows,
@@ -167,26 +168,32 @@ def autoregressive_generate_step(
                          prompt_progress_callback=prompt_progress_callback, **rows)
 
 
-def _prefill(prompt: mx.array, pair: Pair, cache: DecodeCache, prefill_step_size: int,
+def _prefill(prompt: mx.array, pair: Pair, cache: DecodeCache, prefill_step_size: Optional[int],
              prompt_progress_callback: Optional[Callable[[int, int], None]] = None) -> mx.array:
     """Run the prompt through the target (and its features into the drafter
     cache) chunk by chunk; return the last row's logits [V].
+    As mlx-lm: all tokens but the last in chunks of which only the caches are
+    evaluated (so the last layer's MLP and the head never run on their rows),
+    then the last token alone for its logits; bitwise the same on the CPU.
+    `prefill_step_size` None: the backend's (`device.default_prefill_step_size`).
     `prompt_progress_callback(done, total)` is called with 0 first, then after
     each chunk has run (its caches evaluated), ending with `total`."""
     target, drafter = pair.target, pair.drafter
-    logits = None
-    total = prompt.size
+    total, step = prompt.size, prefill_step_size or default_prefill_step_size()
     if prompt_progress_callback is not None:
         prompt_progress_callback(0, total)
-    for start in range(0, total, prefill_step_size):
-        chunk = prompt[start : start + prefill_step_size][None]
-        logits, features = target(chunk, cache.target, pair.layer_ids, last_logits_only=True)
+    ends = [*range(step, total - 1, step), total - 1, total]
+    start = 0
+    for end in ends[1:] if total == 1 else ends:
+        logits, features = target(prompt[start:end][None], cache.target, pair.layer_ids, last_logits_only=True)
         if drafter is not None:
             drafter.append_context(features, cache.drafter)
             mx.eval([c.state for c in cache.drafter])
         mx.eval([c.state for c in cache.target])
-        if prompt_progress_callback is not None:
-            prompt_progress_callback(min(start + prefill_step_size, total), total)
+        mx.clear_cache()  # as mlx-lm: a chunk's freed buffers must not pile up into the next one's peak
+        if prompt_progress_callback is not None and end != total - 1:  # the last token follows at once
+            prompt_progress_callback(end, total)
+        start = end
     return logits[0, -1]
 
 
