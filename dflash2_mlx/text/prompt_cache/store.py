@@ -118,7 +118,7 @@ class PromptCache:
         self.memory_hits += len(parts) - disk
         return cache, Reuse(n, disk * self.S)
 
-    def prepare(self, ids: list[int], prefill_step_size: int = 2048,
+    def prepare(self, ids: list[int], prefill_step_size: Optional[int] = None,
                 progress: Optional[Callable[[int, int], None]] = None) -> tuple[DecodeCache, list[int], Reuse]:
         """`take`, then `extend`: (caches, the prompt still to run, reuse). Pass
         the prompt to `stream_generate` with `prompt_cache=` the caches, then
@@ -144,7 +144,7 @@ class PromptCache:
         parts = self.disk.load(key, tokens) if self.disk is not None else None
         return (None if parts is None else _Block(tuple(tokens), parts, parts_nbytes(parts))), True
 
-    def extend(self, cache: DecodeCache, ids: list[int], prefill_step_size: int = 2048,
+    def extend(self, cache: DecodeCache, ids: list[int], prefill_step_size: Optional[int] = None,
                progress: Optional[Callable[[int, int], None]] = None) -> None:
         """Run the whole blocks of `ids` that `cache` does not hold yet (leaving
         at least one token to run), keeping each as a block. `progress(done,

@@ -83,14 +83,41 @@ def kv_bytes_per_token(config: dict, act_bytes: int, context: int, extra_rows: i
     return 2 * kv_heads * head_dim * act_bytes * rows / max(context, 1)
 
 
+_MX_FLOATS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def target_activation(folder: Path, config: dict) -> str:
+    """The dtype `load_target` will give this target (device.target_activation_dtype),
+    read from its config and safetensors headers without loading it."""
+    import mlx.core as mx
+
+    from ...device import target_activation_dtype
+
+    sizes: dict = {}
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        for t in safetensors_header(f).values():
+            if t["dtype"] in _MX_FLOATS:
+                count = 1
+                for d in t["shape"]:
+                    count *= d
+                sizes[t["dtype"]] = sizes.get(t["dtype"], 0) + count
+    stored = getattr(mx, _MX_FLOATS[max(sizes, key=sizes.get)]) if sizes else mx.float32
+    c = text_config(config)
+    experts = any(c.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+    quantized = bool(config.get("quantization") or config.get("quantization_config"))
+    return str(target_activation_dtype(stored, quantized, experts)).split(".")[-1]
+
+
 def memory_estimate(target_folder: Path, drafter_folder: Optional[Path], context: int,
                     draft_quant=None, act_dtype: Optional[str] = None) -> Section:
     from ...device import default_activation_dtype
     from ...loading.checkpoints import read_config
 
-    act = act_dtype or str(default_activation_dtype()).split(".")[-1]
-    act_bytes = _ACT_BYTES[act]
     t_config = read_config(Path(target_folder), "target")
+    # The target's dtype follows the load policy; the drafter's is the backend's default.
+    act = act_dtype or target_activation(Path(target_folder), t_config)
+    act_bytes = _ACT_BYTES[act]
+    drafter_act = act_dtype or str(default_activation_dtype()).split(".")[-1]
     data = {"context_tokens": context, "activation_dtype": act,
             "target_weights_gb": weight_bytes(target_folder, act_bytes) / GB,
             "target_kv_gb": kv_bytes_per_token(t_config, act_bytes, context) * context / GB}
@@ -100,7 +127,7 @@ def memory_estimate(target_folder: Path, drafter_folder: Optional[Path], context
     ]
     if drafter_folder is not None:
         d_config = read_config(Path(drafter_folder), "drafter")
-        d_act = act
+        d_act = drafter_act
         if draft_quant is not None:
             d_act = str(draft_quant.activation_dtype).split(".")[-1]
         d_bytes = _ACT_BYTES[d_act]
