@@ -23,10 +23,9 @@ Per context, two parts:
    included), the drafter's KV bytes and whether its tokens equal --ar's.
 
 --prefill-only runs part 1 alone (contexts whose decode arms take too long).
---cache-tiers adds time to first token warm from memory and from disk: it
-needs the block prompt cache of issue 23 (items 1-2) and stops with "prompt
-cache tier not available" until this package has one. Nothing here fakes
-those rows. Results are written after each context (atomically), so a run cut
+--cache-tiers adds time to first token through the block prompt cache: cold,
+warm from memory and warm from disk after a restart (a new cache on the same
+folder). The same through a real server: benchmarks/prompt_cache_ttft.py. Results are written after each context (atomically), so a run cut
 short keeps what it finished. Run it on a quiet machine.
 """
 
@@ -56,17 +55,32 @@ from prefill_arm import run_arm  # noqa: E402
 CALIBRATION_TOKENS = 256
 
 
-def cache_tier_ttft(*_):
-    """Time to first token warm from memory and from disk after a restart.
-    The place for issue 23's block prompt cache (items 1-2,
-    `dflash2_mlx.text.prompt_cache`): until this benchmark drives it, say so in
-    one line rather than report a number."""
-    try:
-        import dflash2_mlx.text.prompt_cache  # noqa: F401
-    except ImportError:
-        raise SystemExit("error: prompt cache tier not available") from None
-    raise SystemExit("error: prompt cache tier not available in this benchmark yet: its warm rows are not "
-                     "measured here")
+def cache_tier_ttft(pair, tokenizer, ids: list[int], folder: Path, max_tokens: int = 1) -> dict:
+    """Time to first token through the block prompt cache (docs/prompt-cache.md): cold (an
+    empty folder), warm from memory (the same cache again) and warm from disk after a
+    restart (a new cache object on the same folder, nothing in memory). The clock runs
+    from `prepare` (which runs the prompt's uncached whole blocks) to the first token."""
+    from dflash2_mlx.text.prompt_cache import CacheSettings, PromptCache
+
+    def ask(pcache: PromptCache) -> dict:
+        start = time.perf_counter()
+        cache, prompt, reuse = pcache.prepare(ids)
+        first, tokens = None, []
+        for r in stream_generate(pair, tokenizer, prompt, max_tokens=max_tokens, prompt_cache=cache):
+            first = first if first is not None else time.perf_counter() - start
+            tokens.append(r.token)
+        pcache.put(cache)
+        pcache.flush()
+        return {"ttft_s": first, "reused_tokens": reuse.tokens, "disk_tokens": reuse.disk, "tokens": tokens}
+
+    settings = CacheSettings(folder=folder)
+    warm = PromptCache(pair, settings)
+    rows = {"cold": ask(warm), "memory": ask(warm)}
+    rows["disk"] = ask(PromptCache(pair, CacheSettings(memory_bytes=0, folder=folder)))
+    for tier in ("memory", "disk"):
+        rows[tier]["vs_cold"] = rows[tier]["ttft_s"] / rows["cold"]["ttft_s"]
+        rows[tier]["same_tokens"] = rows[tier]["tokens"] == rows["cold"]["tokens"]
+    return rows
 
 
 def prefill_part(folders, context: int, args) -> dict:
@@ -161,8 +175,6 @@ def main(argv=None):
     if args.repeats < 1 or args.max_tokens < 1 or max(args.contexts) + args.max_tokens > positions:
         raise SystemExit("error: --repeats and --max-tokens must be at least 1, and every context plus "
                          "--max-tokens must fit --max-positions")
-    if args.cache_tiers:
-        cache_tier_ttft()  # before anything slow runs
     record = {**provenance(command_line("python benchmarks/long_context.py", sys.argv[1:] if argv is None else argv)),
               "backend": backend_name(), "machine": platform.machine(), "processor": platform.processor(),
               "pair": "builtin look-alike (long rope)", "max_positions": positions, "max_tokens": args.max_tokens,
@@ -193,6 +205,13 @@ def main(argv=None):
                 f"{a} {v['decode_tps_median']:.1f} tok/s τ {v['tau']:.2f} drafter KV "
                 f"{v['drafter_kv_bytes'] / 2**20:.2f} MiB" for a, v in decode.items()), flush=True)
             record["contexts"][str(context)] = {"prefill": prefill, "decode": decode}
+            if args.cache_tiers:
+                tiers = cache_tier_ttft(full, tokenizer, ids,
+                                        Path(tmp) / f"prompt-cache-{context}")
+                record["contexts"][str(context)]["ttft"] = tiers
+                print(f"context {context:,} time to first token: " + ", ".join(
+                    f"{t} {v['ttft_s']:.3f} s" + (f" ({v['vs_cold']:.3f}x cold)" if t != "cold" else "")
+                    for t, v in tiers.items()), flush=True)
             atomic_write_text(args.json, json.dumps(record, indent=1) + "\n")
 
 
