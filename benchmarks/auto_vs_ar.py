@@ -99,7 +99,7 @@ def run(pair, tokenizer, prompt, arm, calibration, max_tokens):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-tokens", type=int, default=200)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--busy", type=int, default=2, help="busy processes while the stale calibration is measured")
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args(argv)
