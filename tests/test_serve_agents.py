@@ -14,6 +14,7 @@ import sys
 import httpx
 import jsonschema
 import openai
+import numpy as np
 import pytest
 
 from serve_helpers import Server
@@ -273,7 +274,7 @@ def mlx_lm_plain(pair, tokenizer, prompt, n, **logits):
     for token, lp in generate_step(mx.array(tokenizer.encode(prompt)), pair.target.model, max_tokens=n,
                                    sampler=lambda x: mx.argmax(x, axis=-1),
                                    logits_processors=make_logits_processors(**logits)):
-        out.append((int(token), np.array(lp, dtype=np.float32)))
+        out.append((int(token), np.array(lp.astype(mx.float32))))
         if int(token) in tokenizer.eos_token_ids:
             break
     return [t for t, _ in out], [r for _, r in out]
@@ -282,11 +283,19 @@ def mlx_lm_plain(pair, tokenizer, prompt, n, **logits):
 def test_completions_logprobs_equal_plain_decoding(server, builtin_pair):
     pair, tokenizer = builtin_pair
     prompt = "def fib(n):\n    "
-    tokens, rows = mlx_lm_plain(pair, tokenizer, prompt, 16)
+    tokens, _ = mlx_lm_plain(pair, tokenizer, prompt, 16)
     r = oai(server).completions.create(model="m", prompt=prompt, max_tokens=16, temperature=0, logprobs=3)
     lp = r.choices[0].logprobs
     assert r.choices[0].text == tokenizer.decode(tokens)
     assert len(lp.token_logprobs) == len(tokens)
+    # The built-in target computes in bf16 on the CPU, where mlx-lm also takes its log-softmax
+    # (rounded to 8 significant bits); the server takes it in fp32 from the same logits. So the
+    # reference is the fp32 log-softmax of the target's own logits over the same tokens.
+    import mlx.core as mx
+
+    ids = tokenizer.encode(prompt)
+    logits = pair.target.model(mx.array([ids + tokens[:-1]]))[0, len(ids) - 1 :].astype(mx.float32)
+    rows = np.array(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
     for got, token, row, top in zip(lp.token_logprobs, tokens, rows, lp.top_logprobs):
         assert abs(got - float(row[token])) < 1e-5
         assert len(top) == 3 and max(top.values()) == pytest.approx(float(row.max()), abs=1e-5)
