@@ -45,6 +45,8 @@ def run_cases(target, drafters: dict, cases: list[dict], max_tokens: int) -> dic
         out["tokens"][case_key(case)] = [t for s in steps for t in s.tokens]
     pair = Pair.make(target, drafters["dflash2"])
     logits, features = target(mx.array([PROMPT]), target.make_cache(), pair.layer_ids)
+    # Compared as float32 (numpy has no bf16; a bf16 checkpoint keeps its dtype on the CPU).
+    logits, features = logits.astype(mx.float32), features.astype(mx.float32)
     mx.eval(logits, features)
     out["logits"] = np.array(logits[0, -3:]).tolist()
     out["features"] = np.array(features[0, -3:]).tolist()

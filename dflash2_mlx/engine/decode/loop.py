@@ -180,6 +180,9 @@ def _prefill(prompt: mx.array, pair: Pair, cache: DecodeCache, prefill_step_size
     each chunk has run (its caches evaluated), ending with `total`."""
     target, drafter = pair.target, pair.drafter
     total, step = prompt.size, prefill_step_size or default_prefill_step_size()
+    # A target split over ranks runs the chunk's whole graph: a pipeline stage sends its
+    # output only as part of it, and every rank must run the same collectives in order.
+    split = getattr(target, "collectives", None) is not None
     if prompt_progress_callback is not None:
         prompt_progress_callback(0, total)
     ends = [*range(step, total - 1, step), total - 1, total]
@@ -189,7 +192,7 @@ def _prefill(prompt: mx.array, pair: Pair, cache: DecodeCache, prefill_step_size
         if drafter is not None:
             drafter.append_context(features, cache.drafter)
             mx.eval([c.state for c in cache.drafter])
-        mx.eval([c.state for c in cache.target])
+        mx.eval([c.state for c in cache.target], logits if split else [])
         mx.clear_cache()  # as mlx-lm: a chunk's freed buffers must not pile up into the next one's peak
         if prompt_progress_callback is not None and end != total - 1:  # the last token follows at once
             prompt_progress_callback(end, total)
