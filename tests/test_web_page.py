@@ -236,10 +236,16 @@ def test_page_recovers_when_the_server_restarts_with_a_key(browser, server, tmp,
         view(browser, "server")
         wait(browser, lambda: "block size" in by_id(browser, "state-costs").text, what="the cost table")
         state = httpx.get(again.url + "/v1/dflash/state", headers={"x-api-key": KEY}, timeout=10).json()
-        rows = by_id(browser, "state-costs").find_elements("css selector", "tbody tr")
         tables = state["costs"]["by_context"]
-        assert [r.text.split()[:2] for r in rows] == [[c, B] for c, t in tables.items() for B in t["verify_s"]]
-        assert rows[0].text.split()[2] == f"{1000 * next(iter(tables.values()))['verify_s'][rows[0].text.split()[1]]:.2f}"
+
+        def cost_rows():
+            """The table's rows as text, read in one call (the view redraws as it polls the server)."""
+            return browser.execute_script("return [...document.querySelectorAll('#state-costs tbody tr')]"
+                                          ".map(r => r.innerText.split(/\\s+/))")
+
+        rows = wait(browser, cost_rows, what="the cost table's rows")
+        assert [r[:2] for r in rows] == [[c, B] for c, t in tables.items() for B in t["verify_s"]]
+        assert rows[0][2] == f"{1000 * next(iter(tables.values()))['verify_s'][rows[0][1]]:.2f}"
         browser.save_screenshot(str(shots / "server.png"))
     finally:
         again.stop()
