@@ -19,16 +19,14 @@ import platform
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import httpx  # noqa: E402
 
-from serve import start_server  # noqa: E402  (benchmarks/serve.py)
+from serve import start_server, stream_chat  # noqa: E402  (benchmarks/serve.py)
 
 SYSTEM = " ".join(f"Rule {i}: answer briefly and cite line {i * 7}." for i in range(58))
 QUESTION = " ".join(f"Step {i}: add {i} to the total." for i in range(39)) + " ok ok"
@@ -36,23 +34,8 @@ QUESTION = " ".join(f"Step {i}: add {i} to the total." for i in range(39)) + " o
 
 def ask(url: str, system: str, user: str, max_tokens: int) -> tuple[float, str, dict]:
     """(seconds to the first content chunk, the answer, usage) of one streamed request."""
-    body = {"model": "builtin", "temperature": 0, "max_tokens": max_tokens, "stream": True,
-            "stream_options": {"include_usage": True},
-            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
-    start, first, text, usage = time.perf_counter(), None, [], {}
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices", []):
-                piece = choice.get("delta", {}).get("content")
-                if piece:
-                    first = first if first is not None else time.perf_counter() - start
-                    text.append(piece)
-    return first, "".join(text), usage
+    out = stream_chat(url, [{"role": "system", "content": system}, {"role": "user", "content": user}], max_tokens)
+    return out["ttft_s"], out["text"], out["usage"] or {}
 
 
 def one_repeat(args, folder: Path) -> dict:

@@ -58,11 +58,13 @@ def start_server(extra: list[str]) -> tuple[subprocess.Popen, str]:
     sys.exit("error: dflash2 serve did not start within 300 s")
 
 
-def one_request(url: str, prompt: str, max_tokens: int) -> dict:
-    body = {"model": "builtin", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+def stream_chat(url: str, messages: list, max_tokens: int) -> dict:
+    """One streamed chat request at T = 0: time to the first content chunk, the whole
+    latency, the text and the usage."""
+    body = {"model": "builtin", "messages": messages, "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     tic = time.perf_counter()
-    ttft, usage = None, None
+    ttft, usage, text = None, None, []
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -71,9 +73,16 @@ def one_request(url: str, prompt: str, max_tokens: int) -> dict:
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
                 usage = chunk["usage"]
-            if ttft is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                ttft = time.perf_counter() - tic
-    return {"ttft_s": ttft, "latency_s": time.perf_counter() - tic, "usage": usage}
+            piece = chunk["choices"][0]["delta"].get("content") if chunk["choices"] else None
+            if piece:
+                ttft = ttft if ttft is not None else time.perf_counter() - tic
+                text.append(piece)
+    return {"ttft_s": ttft, "latency_s": time.perf_counter() - tic, "text": "".join(text), "usage": usage}
+
+
+def one_request(url: str, prompt: str, max_tokens: int) -> dict:
+    out = stream_chat(url, [{"role": "user", "content": prompt}], max_tokens)
+    return {k: out[k] for k in ("ttft_s", "latency_s", "usage")}
 
 
 def run_arm(name: str, extra: list[str], args) -> dict:
