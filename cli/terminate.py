@@ -43,24 +43,40 @@ def arrivals() -> int:
     return _arrivals
 
 
-def _initialising_extension(frame) -> bool:
+def _held_back(frame) -> bool:
+    """Whether an exception raised here would be mangled or lost: inside an extension's
+    initialiser (it becomes an ImportError) or inside importlib's module-lock weakref
+    callback (`cb`: Python prints "Exception ignored" and drops it: a Ctrl-C seen lost
+    under load)."""
     from importlib.machinery import ExtensionFileLoader
 
     while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib") and \
-                isinstance(frame.f_locals.get("self"), ExtensionFileLoader):
+        if frame.f_code.co_filename.startswith("<frozen importlib") and (
+                frame.f_code.co_name == "cb" or isinstance(frame.f_locals.get("self"), ExtensionFileLoader)):
             return True
         frame = frame.f_back
     return False
 
 
+def _ask_again(signum) -> None:
+    timer = threading.Timer(REDELIVER_S, os.kill, (os.getpid(), signum))
+    timer.daemon = True
+    timer.start()
+
+
+def _interrupt(signum, frame):
+    """Ctrl-C as Python's own handler, except where the KeyboardInterrupt would be lost."""
+    if _held_back(frame):
+        _ask_again(signum)
+        return
+    raise KeyboardInterrupt
+
+
 def _terminate(signum, frame):
     global _arrivals
     _arrivals += 1
-    if _initialising_extension(frame):
-        timer = threading.Timer(REDELIVER_S, os.kill, (os.getpid(), signal.SIGTERM))
-        timer.daemon = True
-        timer.start()
+    if _held_back(frame):
+        _ask_again(signum)
         return
     # The first SIGTERM decides; more while the clean-up runs change nothing
     # (a supervisor that insists sends SIGKILL).
@@ -69,10 +85,13 @@ def _terminate(signum, frame):
 
 
 def install() -> None:
-    """SIGTERM raises `Terminated` from now on (main thread only: signals are
-    handled there)."""
+    """SIGTERM raises `Terminated` from now on, and Ctrl-C its KeyboardInterrupt where
+    it cannot be lost (main thread only: signals are handled there). An inherited
+    ignored SIGINT stays ignored."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _interrupt)
 
 
 def report_terminated() -> int:

@@ -427,3 +427,29 @@ def test_bench_progress_reaches_the_last_run(pair):
     run_bench(target, tokenizer, prompts, pairs=[p], block_sizes=[4], repeats=1, max_tokens=2,
               on_run=lambda done, total, info: calls.append((done, total)))
     assert calls[-1][0] == calls[-1][1] == 3  # AR, mlx-lm plain and DFlash 2 block 4: the bar ends at 3/3
+
+
+def test_a_ctrl_c_inside_importlibs_lock_callback_is_asked_for_again():
+    # Python drops an exception raised inside importlib's module-lock weakref callback
+    # ("Exception ignored in ... cb"): a Ctrl-C landing there during the start-up imports was
+    # lost under load (the command went on and exited 0). The handler asks for it again instead.
+    import sys
+    import time
+
+    from dflash2_mlx.cli import terminate
+
+    namespace = {"sys": sys}
+    exec(compile("def cb():\n    return sys._getframe()\n", "<frozen importlib._bootstrap>", "exec"), namespace)
+    inside_cb = namespace["cb"]()
+    got = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    try:
+        terminate._interrupt(signal.SIGINT, inside_cb)  # held back: nothing raised here ...
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert got == [signal.SIGINT]  # ... and delivered again a moment later
+    with pytest.raises(KeyboardInterrupt):  # anywhere else it is Python's own Ctrl-C
+        terminate._interrupt(signal.SIGINT, sys._getframe())
