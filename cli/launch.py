@@ -67,7 +67,10 @@ def run_ranks(processes: Optional[int], argv: list[str], wait_for_ranks_s: float
     only (the launcher would die of them at once and orphan its ranks); this
     process then waits for the ranks to end as usual.
     """
-    where = ["--hostfile", hostfile] if hostfile else ["-n", str(processes), "--backend", "ring"]
+    # Ranks on this machine listen on ports free now: mlx.launch's fixed default port made two
+    # runs at once (two commands, or tests in parallel) connect to each other's ranks and hang.
+    where = ["--hostfile", hostfile] if hostfile else ["-n", str(processes), "--backend", "ring",
+                                                      "--starting-port", str(_free_ports(processes))]
     command = [launcher_path(), *where, sys.executable, "-m", "dflash2_mlx.cli", *argv]
     launcher = subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=forward_signals,
                                 stderr=subprocess.PIPE if on_stderr else None)
@@ -107,6 +110,24 @@ def run_ranks(processes: Optional[int], argv: list[str], wait_for_ranks_s: float
     finally:
         if launcher.stdin and relay_stdin is None:
             launcher.stdin.close()
+
+
+def _free_ports(n: int) -> int:
+    """A port p with p .. p + n - 1 free on this machine now."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            p = s.getsockname()[1]
+        try:
+            for q in range(p, p + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", q))
+            return p
+        except OSError:
+            continue
+    raise DFlashError(f"no {n} consecutive free ports on this machine for the ranks: close some servers and retry")
 
 
 def _descendants(pid: int) -> list[int]:
