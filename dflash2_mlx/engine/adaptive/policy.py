@@ -111,7 +111,7 @@ class BlockPolicy:
         self.max_block = max_block
         self.by_context, self._bands = costs, BandedAcceptance(acceptance or AcceptanceEstimate(max_block - 1))
         self.context = None  # the context the costs below are for (None: not told yet)
-        self._use_context(0)
+        self.use_context(0)
         self.margin, self.probe_budget, self.max_probe_interval = margin, probe_budget, max_probe_interval
         self.report = PolicyReport()
         self.tokens = 0  # tokens committed through this policy so far
@@ -125,7 +125,7 @@ class BlockPolicy:
         self._verdict: Optional[float] = None  # plain / cycle cost when the last probe lost
         self._probe_loss = 0.0  # plain steps the last probe lost, measured (0 without a clock)
 
-    def _use_context(self, context: int) -> None:
+    def use_context(self, context: int) -> None:
         """Costs and acceptance at `context` rows, looked up again each CONTEXT_STEP rows
         (the costs move slowly with the context; `choose` asks before every step)."""
         step = context // CONTEXT_STEP
@@ -172,7 +172,7 @@ class BlockPolicy:
         """The next cycle's block size (1: plain), and the state it leads to;
         `context`: the rows the target cache holds now (None: as last told)."""
         if context is not None:
-            self._use_context(context)
+            self.use_context(context)
         if tokens_left <= 1:
             return self._plain_step(self.mode, self.plain_left)
         if self.mode is Mode.RETIMING and self.plain_left > 0:

@@ -80,7 +80,7 @@ def decode_costs(pair, tokenizer, folder=None, recalibrate: bool = False) -> Sec
 def _verdict(cal, max_block: int, context: int) -> str:
     """What auto would do first at `context` tokens, with the calibration's acceptance."""
     policy = cal.policy(max_block)
-    policy.choose(max_block, context)  # looks the costs up at that context
+    policy.use_context(context)
     B = policy.best_block(max_block)
     lead = policy.rate(B) / policy.rate(1)
     if lead > 1:
