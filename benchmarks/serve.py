@@ -1,27 +1,48 @@
-"""Requests/s and time to first token of `dflash2 serve` under N concurrent clients.
+"""Aggregate tokens/s, time to first token and inter-token latency of `dflash2 serve` and
+`mlx_lm.server` under 1, 2, 4 and 8 concurrent clients.
 
-    nice python benchmarks/serve.py --clients 4 --requests 2 --max-tokens 32 \
+    nice python benchmarks/serve.py --clients 1,2,4,8 --requests 3 --max-tokens 64 \
         --json docs/results/serve-cpu.json
+    python benchmarks/serve.py --smoke --json /tmp/serve-smoke.json   # 1 client, 1 request, 4 tokens
 
-For each arm (plain autoregressive `--ar`, then DFlash 2) it starts a real
-`dflash2 serve` on a free loopback port, sends one warm-up request, then runs
-`--clients` streaming clients at once, each sending `--requests` chat requests
-(T = 0) with the built-in suite prompts, each client starting at a different
-prompt. Time to first token is from sending the request to the first
-non-empty content chunk; requests/s is all requests over the wall time of the
-concurrent phase. The server queues requests (one generation at a time), so
-TTFT includes queueing: that is what a client of a loaded server sees.
+Arms (`--arms` picks a subset, run in the order given; default all four):
+  dflash2  `dflash2 serve` with its default flags (batched, --block-size auto)
+  ar       `dflash2 serve --ar` (batched plain decoding)
+  serial   `dflash2 serve --max-batch 1` (one request at a time, the server before batching)
+  mlx_lm   `python -m mlx_lm server --model <the target's folder>` (batches concurrent requests)
+`--serve-flags "..."` adds flags to every dflash2 arm. A `dflash2 serve` without --max-batch
+(before batching) runs the serial arm with its default flags, and the JSON says so.
+
+Each arm is a fresh server on a free loopback port, warmed up with one request, then for each
+client count: that many streaming clients at once, each sending `--requests` chat requests
+(T = 0, no seed: mlx_lm.server does not batch seeded requests) with the built-in suite
+prompts, each client starting at a different prompt. Arms run one after the other, never at
+the same time (they would share the cores). Prompt caches stay on (every server's default),
+so a prompt seen at an earlier client count prefills from the cache in every arm alike.
+
+Per arm and client count: aggregate completion tokens/s and requests/s over the wall time
+of the concurrent phase; time to first token (send to the first non-empty content chunk:
+queueing included, what a client of a loaded server sees), median and p90; inter-token
+latency, the gaps between consecutive content chunks as they arrive (a chunk may carry
+several tokens), median and p90, and the time per output token after the first, median;
+the largest `usage.dflash2_batch` a request reported (absent before batching); each arm's
+tokens/s over mlx_lm.server's and over the best dflash2 arm's at that client count. At T = 0
+every arm should write the same text: each request's `parity` says whether its text equals
+the first arm's for the same prompt (recorded, not asserted).
 """
 
 import argparse
 import json
+import os
 import platform
+import shlex
 import socket
 import statistics
 import subprocess
 import sys
-import threading
+import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -32,6 +53,8 @@ import httpx  # noqa: E402
 from dflash2_mlx.tools.suites import SUITES  # noqa: E402
 
 PROMPTS = [p for suite in ("code", "chat", "maths") for p in SUITES[suite]]
+ARMS = ("dflash2", "ar", "serial", "mlx_lm")
+DFLASH2_FLAGS = {"dflash2": [], "ar": ["--ar"], "serial": ["--max-batch", "1"]}
 
 
 def free_port() -> int:
@@ -40,31 +63,47 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(extra: list[str]) -> tuple[subprocess.Popen, str]:
+def start_server(extra: list[str], command: list[str] = None) -> tuple[subprocess.Popen, str]:
+    """`dflash2 serve EXTRA` (or `command`, which takes --port) on a free port, once /health answers.
+    Its output goes to a temporary file: a pipe nobody reads fills up and stalls a chatty server."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "dflash2_mlx.cli", "serve", "--port", str(port), *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    command = command or [sys.executable, "-m", "dflash2_mlx.cli", "serve"]
+    log = tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen([*command, "--port", str(port), *extra], stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc.log = log
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            sys.exit(f"error: dflash2 serve exited: {proc.stderr.read().strip()}")
+            log.seek(0)
+            lines = log.read().strip().splitlines() or ["(no output)"]
+            sys.exit(f"error: {' '.join(command[-2:])} exited with {proc.returncode}: {lines[-1]}")
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
                 return proc, url
         except httpx.HTTPError:
             time.sleep(0.2)
     proc.kill()
-    sys.exit("error: dflash2 serve did not start within 300 s")
+    sys.exit(f"error: {' '.join(command[-2:])} did not answer /health within 300 s")
 
 
-def stream_chat(url: str, messages: list, max_tokens: int) -> dict:
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    proc.log.close()
+
+
+def stream_chat(url: str, messages: list, max_tokens: int, model: str = "builtin") -> dict:
     """One streamed chat request at T = 0: time to the first content chunk, the whole
-    latency, the text and the usage."""
-    body = {"model": "builtin", "messages": messages, "max_tokens": max_tokens,
+    latency, each content chunk's arrival (seconds from sending), the text and the usage."""
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     tic = time.perf_counter()
-    ttft, usage, text = None, None, []
+    arrivals, usage, text = [], None, []
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -75,82 +114,189 @@ def stream_chat(url: str, messages: list, max_tokens: int) -> dict:
                 usage = chunk["usage"]
             piece = chunk["choices"][0]["delta"].get("content") if chunk["choices"] else None
             if piece:
-                ttft = ttft if ttft is not None else time.perf_counter() - tic
+                arrivals.append(time.perf_counter() - tic)
                 text.append(piece)
-    return {"ttft_s": ttft, "latency_s": time.perf_counter() - tic, "text": "".join(text), "usage": usage}
+    return {"ttft_s": arrivals[0] if arrivals else None, "latency_s": time.perf_counter() - tic,
+            "arrivals_s": arrivals, "text": "".join(text), "usage": usage}
 
 
-def one_request(url: str, prompt: str, max_tokens: int) -> dict:
-    out = stream_chat(url, [{"role": "user", "content": prompt}], max_tokens)
-    return {k: out[k] for k in ("ttft_s", "latency_s", "usage")}
+def arm_command(name: str, args, has_max_batch: bool) -> tuple[list[str], list[str], str]:
+    """(command, its flags, the model name requests carry) of one arm."""
+    if name == "mlx_lm":
+        from dflash2_mlx.loading.builtin import resolve_builtin
+
+        # mlx_lm.server answers the model it was started with under "default_model".
+        return [sys.executable, "-m", "mlx_lm", "server"], \
+            ["--model", resolve_builtin(args.model, "target"), "--log-level", "WARNING"], "default_model"
+    flags = DFLASH2_FLAGS[name] if has_max_batch or name != "serial" else []
+    flags = ["--model", args.model, *flags, *shlex.split(args.serve_flags)]
+    return [sys.executable, "-m", "dflash2_mlx.cli", "serve"], flags, args.model
 
 
-def run_arm(name: str, extra: list[str], args) -> dict:
-    proc, url = start_server(extra)
-    try:
-        one_request(url, "Hello.", 4)  # warm-up: first-call compilation and allocation
-        results: list[dict] = []
-        lock = threading.Lock()
+def batch_of(usage: dict):
+    """The largest batch the request ran in, as the server says (None before batching)."""
+    return usage.get("dflash2_batch", (usage.get("dflash2") or {}).get("batch"))
 
-        def client(c: int):
-            for r in range(args.requests):
-                out = one_request(url, PROMPTS[(c + r) % len(PROMPTS)], args.max_tokens)
-                with lock:
-                    results.append(out)
 
-        threads = [threading.Thread(target=client, args=(c,)) for c in range(args.clients)]
-        tic = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - tic
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-    ttfts = sorted(r["ttft_s"] for r in results if r["ttft_s"] is not None)
-    tokens = sum(r["usage"]["completion_tokens"] for r in results)
-    spec = [r["usage"]["dflash2"] for r in results if r["usage"].get("dflash2")]
+def concurrent_phase(url: str, model: str, clients: int, args) -> tuple[float, list[dict]]:
+    """`clients` threads, each sending `args.requests` streamed requests one after the other."""
+    def client(c: int) -> list[dict]:
+        rows = []
+        for r in range(args.requests):
+            i = (c + r) % len(PROMPTS)
+            out = stream_chat(url, [{"role": "user", "content": PROMPTS[i]}], args.max_tokens, model)
+            rows.append({"client": c, "prompt": i, **out})
+        return rows
+
+    tic = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        rows = [row for rows in pool.map(client, range(clients)) for row in rows]
+    return time.perf_counter() - tic, rows
+
+
+def quantile(values: list, q: float):
+    """Nearest-rank quantile (None for no values)."""
+    values = sorted(values)
+    return values[max(0, round(q * len(values)) - 1)] if values else None
+
+
+def summarise(name: str, clients: int, wall: float, rows: list[dict]) -> dict:
+    ttfts = [r["ttft_s"] for r in rows if r["ttft_s"] is not None]
+    gaps = [b - a for r in rows for a, b in zip(r["arrivals_s"], r["arrivals_s"][1:])]
+    tokens = [r["usage"]["completion_tokens"] for r in rows]
+    tpots = [(r["arrivals_s"][-1] - r["arrivals_s"][0]) / (n - 1) for r, n in zip(rows, tokens)
+             if n > 1 and len(r["arrivals_s"]) > 1]
+    batches = [b for r in rows if (b := batch_of(r["usage"])) is not None]
+    spec = [r["usage"]["dflash2"] for r in rows if r["usage"].get("dflash2")]
     passes = sum(s["target_passes"] for s in spec)
     committed = sum(s["mean_acceptance_length"] * s["target_passes"] for s in spec)
     return {
-        "arm": name, "server_flags": extra, "requests": len(results), "wall_s": wall,
-        "requests_per_s": len(results) / wall, "completion_tokens": tokens, "tokens_per_s": tokens / wall,
-        "ttft_median_s": statistics.median(ttfts), "ttft_p90_s": ttfts[max(0, round(0.9 * len(ttfts)) - 1)],
-        "ttft_min_s": ttfts[0], "latency_median_s": statistics.median(r["latency_s"] for r in results),
+        "arm": name, "clients": clients, "requests": len(rows), "wall_s": wall,
+        "requests_per_s": len(rows) / wall, "completion_tokens": sum(tokens), "tokens_per_s": sum(tokens) / wall,
+        "ttft_median_s": statistics.median(ttfts) if ttfts else None, "ttft_p90_s": quantile(ttfts, 0.9),
+        "itl_median_s": statistics.median(gaps) if gaps else None, "itl_p90_s": quantile(gaps, 0.9),
+        "tpot_median_s": statistics.median(tpots) if tpots else None,
+        "latency_median_s": statistics.median(r["latency_s"] for r in rows),
+        "batch_max": max(batches) if batches else None,
+        "batch_mean": statistics.mean(batches) if batches else None,
         "mean_acceptance_length": committed / passes if passes else None,
     }
 
 
-def main() -> None:
+def run_arm(name: str, args, has_max_batch: bool, reference: dict) -> tuple[dict, list[dict]]:
+    """One fresh server; every client count in turn. `reference` (prompt -> text) is filled by
+    the first arm and read by the others for parity."""
+    command, flags, model = arm_command(name, args, has_max_batch)
+    proc, url = start_server(flags, command)
+    summaries, requests = [], []
+    try:
+        stream_chat(url, [{"role": "user", "content": "Hello."}], 4, model)  # warm-up: loading, first calls
+        for clients in args.clients:
+            wall, rows = concurrent_phase(url, model, clients, args)
+            summaries.append(summarise(name, clients, wall, rows))
+            for r in rows:
+                expected = reference.setdefault(r["prompt"], r["text"])
+                requests.append({"arm": name, "clients": clients, "client": r["client"], "prompt": r["prompt"],
+                                 "ttft_s": r["ttft_s"], "latency_s": r["latency_s"],
+                                 "completion_tokens": r["usage"]["completion_tokens"], "chunks": len(r["arrivals_s"]),
+                                 "batch": batch_of(r["usage"]), "parity": r["text"] == expected})
+            summaries[-1]["parity"] = sum(q["parity"] for q in requests[-len(rows):]) / len(rows)
+    finally:
+        stop_server(proc)
+    return {"arm": name, "command": [*command[-2:], *flags], "runs": summaries}, requests
+
+
+def add_ratios(arms: list[dict]) -> None:
+    """Each run's tokens/s over mlx_lm.server's and over the best dflash2 arm's, same client count."""
+    runs = [run for arm in arms for run in arm["runs"]]
+    for run in runs:
+        peers = [r for r in runs if r["clients"] == run["clients"]]
+        base = [r["tokens_per_s"] for r in peers if r["arm"] == "mlx_lm"]
+        best = [r["tokens_per_s"] for r in peers if r["arm"] != "mlx_lm"]
+        run["x_mlx_lm"] = run["tokens_per_s"] / base[0] if base else None
+        run["x_best_dflash2"] = run["tokens_per_s"] / max(best) if best else None
+
+
+def table(arms: list[dict]) -> str:
+    def ms(s):
+        return f"{s * 1000:6.0f}" if s is not None else "     -"
+
+    def x(v):
+        return f"{v:5.2f}" if v is not None else "    -"
+
+    lines = ["arm      clients  tok/s  req/s  TTFT ms med    p90  ITL ms med    p90  batch  x mlx_lm  x best  parity"]
+    for arm in arms:
+        for r in arm["runs"]:
+            lines.append(f"{r['arm']:8s} {r['clients']:7d} {r['tokens_per_s']:6.1f} {r['requests_per_s']:6.2f} "
+                         f"{ms(r['ttft_median_s'])}     {ms(r['ttft_p90_s'])} {ms(r['itl_median_s'])}     "
+                         f"{ms(r['itl_p90_s'])}  {r['batch_max'] if r['batch_max'] is not None else '-':>5} "
+                         f"   {x(r['x_mlx_lm'])}   {x(r['x_best_dflash2'])}  {r['parity']:6.0%}")
+    return "\n".join(lines)
+
+
+def serve_has_max_batch() -> bool:
+    """Whether this `dflash2 serve` batches (has --max-batch): its --help says."""
+    done = subprocess.run([sys.executable, "-m", "dflash2_mlx.cli", "serve", "--help"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    return "--max-batch" in done.stdout
+
+
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--clients", type=int, default=4)
-    p.add_argument("--requests", type=int, default=2, help="requests per client")
-    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--clients", default="1,2,4,8", help="client counts, comma-separated")
+    p.add_argument("--requests", type=int, default=3, help="requests per client")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    p.add_argument("--model", default="builtin", help="the target (every arm serves it)")
+    p.add_argument("--serve-flags", default="", help="more flags for every dflash2 arm, e.g. '--block-size 4'")
+    p.add_argument("--smoke", action="store_true", help="1 client, 1 request, 4 tokens (the test's run)")
     p.add_argument("--json", type=Path, help="write the result here")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.clients, args.requests, args.max_tokens = "1", 1, 4
+    try:
+        args.clients = [int(c) for c in args.clients.split(",")]
+    except ValueError:
+        p.error(f"--clients {args.clients!r}: give client counts separated by commas, e.g. 1,2,4,8")
+    args.arms = [a.strip() for a in args.arms.split(",")]
+    unknown = [a for a in args.arms if a not in ARMS]
+    if unknown or min(args.clients) < 1 or args.requests < 1 or args.max_tokens < 1:
+        p.error(f"--arms takes {', '.join(ARMS)}; --clients, --requests and --max-tokens must be 1 or more")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
     from dflash2_mlx.device import backend_name
+    from dflash2_mlx.files import atomic_write_text
     from dflash2_mlx.tools.provenance import command_line, provenance
     import mlx.core as mx
 
-    arms = [run_arm("ar", ["--ar"], args), run_arm("dflash2", [], args)]
+    has_max_batch = serve_has_max_batch()
+    reference, arms, requests = {}, [], []
+    try:
+        for name in args.arms:
+            arm, rows = run_arm(name, args, has_max_batch, reference)
+            arms.append(arm)
+            requests += rows
+    except httpx.HTTPError as e:
+        sys.exit(f"error: a request failed ({type(e).__name__}: {e}): see the server's flags above")
+    add_ratios(arms)
     record = {
         "benchmark": "serve", **provenance(command_line(Path(sys.executable).name, sys.argv)),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "backend": backend_name(),
-        "machine": platform.machine(), "mlx": mx.__version__, "pair": "builtin",
+        "machine": platform.machine(), "mlx": mx.__version__, "model": args.model,
         "clients": args.clients, "requests_per_client": args.requests, "max_tokens": args.max_tokens,
-        "temperature": 0, "arms": arms,
+        "temperature": 0, "dflash2_serve_batches": has_max_batch,
+        "note": None if has_max_batch else "this dflash2 serve has no --max-batch: it serves one request at a "
+                                           "time, and the serial arm ran with its default flags",
+        "arms": arms, "reference_texts": {str(i): t for i, t in sorted(reference.items())}, "requests": requests,
     }
-    for a in arms:
-        print(f"{a['arm']:8s} {a['requests_per_s']:.2f} req/s  {a['tokens_per_s']:.1f} tok/s  "
-              f"TTFT median {a['ttft_median_s'] * 1000:.0f} ms  p90 {a['ttft_p90_s'] * 1000:.0f} ms")
-    text = json.dumps(record, indent=2) + "\n"
+    print(table(arms))
     if args.json:
-        tmp = args.json.with_suffix(args.json.suffix + ".tmp")  # no partial file if interrupted
-        tmp.write_text(text)
-        tmp.replace(args.json)
+        atomic_write_text(args.json, json.dumps(record, indent=2) + "\n")
     else:
-        sys.stdout.write(text)
+        sys.stdout.write(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":
