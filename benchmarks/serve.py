@@ -33,6 +33,7 @@ the first arm's for the same prompt (recorded, not asserted).
 
 import argparse
 import json
+import math
 import os
 import platform
 import shlex
@@ -157,7 +158,7 @@ def concurrent_phase(url: str, model: str, clients: int, args) -> tuple[float, l
 def quantile(values: list, q: float):
     """Nearest-rank quantile (None for no values)."""
     values = sorted(values)
-    return values[max(0, round(q * len(values)) - 1)] if values else None
+    return values[max(0, math.ceil(q * len(values)) - 1)] if values else None
 
 
 def summarise(name: str, clients: int, wall: float, rows: list[dict]) -> dict:
