@@ -1,11 +1,11 @@
 """Aggregate tokens/s, time to first token and inter-token latency of `dflash2 serve` and
 `mlx_lm.server` under 1, 2, 4 and 8 concurrent clients.
 
-    nice python benchmarks/serve.py --clients 1,2,4,8 --requests 3 --max-tokens 64 \
+    nice python benchmarks/serve.py --clients 1,2,4,8 --requests 3 --max-tokens 64 --repeats 2 \
         --json docs/results/serve-cpu.json
     python benchmarks/serve.py --smoke --json /tmp/serve-smoke.json   # 1 client, 1 request, 4 tokens
 
-Arms (`--arms` picks a subset, run in the order given; default all four):
+Arms (`--arms` picks a subset, run in the order given, reversed every other --repeats run; default all four):
   dflash2  `dflash2 serve` with its default flags (batched, --block-size auto)
   ar       `dflash2 serve --ar` (batched plain decoding)
   serial   `dflash2 serve --max-batch 1` (one request at a time, the server before batching)
@@ -17,18 +17,21 @@ Each arm is a fresh server on a free loopback port, warmed up with one request, 
 client count: that many streaming clients at once, each sending `--requests` chat requests
 (T = 0, no seed: mlx_lm.server does not batch seeded requests) with the built-in suite
 prompts, each client starting at a different prompt. Arms run one after the other, never at
-the same time (they would share the cores). Prompt caches stay on (every server's default),
-so a prompt seen at an earlier client count prefills from the cache in every arm alike.
+the same time (they would share the cores); a shared machine's other work shows as differences
+between repeats, so the JSON keeps each repeat's tokens/s. Prompt caches stay on (every
+server's default), so a prompt seen at an earlier client count prefills from the cache in
+every arm alike.
 
-Per arm and client count: aggregate completion tokens/s and requests/s over the wall time
-of the concurrent phase; time to first token (send to the first non-empty content chunk:
-queueing included, what a client of a loaded server sees), median and p90; inter-token
-latency, the gaps between consecutive content chunks as they arrive (a chunk may carry
-several tokens), median and p90, and the time per output token after the first, median;
-the largest `usage.dflash2_batch` a request reported (absent before batching); each arm's
-tokens/s over mlx_lm.server's and over the best dflash2 arm's at that client count. At T = 0
-every arm should write the same text: each request's `parity` says whether its text equals
-the first arm's for the same prompt (recorded, not asserted).
+Per arm and client count: aggregate completion tokens/s and requests/s over the wall time of
+the concurrent phase (the median over repeats); time to first token (send to the first
+non-empty content chunk: queueing included, what a client of a loaded server sees), median and
+p90 over every request; inter-token latency, the gaps between consecutive content chunks as
+they arrive (a chunk may carry several tokens, and chunks written together arrive together),
+median and p90, and the time per output token after the first, median; the largest
+`usage.dflash2_batch` a request reported (absent before batching); each arm's tokens/s over
+mlx_lm.server's and over the best dflash2 arm's at that client count. At T = 0 every arm
+should write the same text: each request's `parity` says whether its text equals the first
+arm's for the same prompt (recorded, not asserted).
 """
 
 import argparse
@@ -161,19 +164,24 @@ def quantile(values: list, q: float):
     return values[max(0, math.ceil(q * len(values)) - 1)] if values else None
 
 
-def summarise(name: str, clients: int, wall: float, rows: list[dict]) -> dict:
+def summarise(name: str, clients: int, phases: list[tuple[float, list[dict]]]) -> dict:
+    """One arm at one client count over its repeats: tokens/s and requests/s are the median of
+    the repeats' (each listed too); latencies pool every request."""
+    rows = [r for _, rs in phases for r in rs]
     ttfts = [r["ttft_s"] for r in rows if r["ttft_s"] is not None]
     gaps = [b - a for r in rows for a, b in zip(r["arrivals_s"], r["arrivals_s"][1:])]
-    tokens = [r["usage"]["completion_tokens"] for r in rows]
-    tpots = [(r["arrivals_s"][-1] - r["arrivals_s"][0]) / (n - 1) for r, n in zip(rows, tokens)
-             if n > 1 and len(r["arrivals_s"]) > 1]
+    tpots = [(r["arrivals_s"][-1] - r["arrivals_s"][0]) / (r["usage"]["completion_tokens"] - 1) for r in rows
+             if r["usage"]["completion_tokens"] > 1 and len(r["arrivals_s"]) > 1]
+    tps = [sum(r["usage"]["completion_tokens"] for r in rs) / wall for wall, rs in phases]
     batches = [b for r in rows if (b := batch_of(r["usage"])) is not None]
     spec = [r["usage"]["dflash2"] for r in rows if r["usage"].get("dflash2")]
     passes = sum(s["target_passes"] for s in spec)
     committed = sum(s["mean_acceptance_length"] * s["target_passes"] for s in spec)
     return {
-        "arm": name, "clients": clients, "requests": len(rows), "wall_s": wall,
-        "requests_per_s": len(rows) / wall, "completion_tokens": sum(tokens), "tokens_per_s": sum(tokens) / wall,
+        "arm": name, "clients": clients, "repeats": len(phases), "requests": len(rows),
+        "wall_s": [wall for wall, _ in phases], "completion_tokens": sum(r["usage"]["completion_tokens"] for r in rows),
+        "tokens_per_s": statistics.median(tps), "tokens_per_s_repeats": tps,
+        "requests_per_s": statistics.median(len(rs) / wall for wall, rs in phases),
         "ttft_median_s": statistics.median(ttfts) if ttfts else None, "ttft_p90_s": quantile(ttfts, 0.9),
         "itl_median_s": statistics.median(gaps) if gaps else None, "itl_p90_s": quantile(gaps, 0.9),
         "tpot_median_s": statistics.median(tpots) if tpots else None,
@@ -181,30 +189,46 @@ def summarise(name: str, clients: int, wall: float, rows: list[dict]) -> dict:
         "batch_max": max(batches) if batches else None,
         "batch_mean": statistics.mean(batches) if batches else None,
         "mean_acceptance_length": committed / passes if passes else None,
+        "parity": statistics.mean(r["parity"] for r in rows),
     }
 
 
-def run_arm(name: str, args, has_max_batch: bool, reference: dict) -> tuple[dict, list[dict]]:
-    """One fresh server; every client count in turn. `reference` (prompt -> text) is filled by
-    the first arm and read by the others for parity."""
+def run_arm(name: str, args, has_max_batch: bool, reference: dict) -> tuple[list[str], dict]:
+    """One fresh server, every client count in turn: (its command, client count -> (wall, rows)).
+    `reference` (prompt -> text) is filled by the first arm run and read by the others for parity."""
     command, flags, model = arm_command(name, args, has_max_batch)
     proc, url = start_server(flags, command)
-    summaries, requests = [], []
+    phases = {}
     try:
         stream_chat(url, [{"role": "user", "content": "Hello."}], 4, model)  # warm-up: loading, first calls
         for clients in args.clients:
             wall, rows = concurrent_phase(url, model, clients, args)
-            summaries.append(summarise(name, clients, wall, rows))
             for r in rows:
-                expected = reference.setdefault(r["prompt"], r["text"])
-                requests.append({"arm": name, "clients": clients, "client": r["client"], "prompt": r["prompt"],
-                                 "ttft_s": r["ttft_s"], "latency_s": r["latency_s"],
-                                 "completion_tokens": r["usage"]["completion_tokens"], "chunks": len(r["arrivals_s"]),
-                                 "batch": batch_of(r["usage"]), "parity": r["text"] == expected})
-            summaries[-1]["parity"] = sum(q["parity"] for q in requests[-len(rows):]) / len(rows)
+                r["parity"] = r["text"] == reference.setdefault(r["prompt"], r["text"])
+            phases[clients] = (wall, rows)
     finally:
         stop_server(proc)
-    return {"arm": name, "command": [*command[-2:], *flags], "runs": summaries}, requests
+    return [*command[-2:], *flags], phases
+
+
+def run_all(args, has_max_batch: bool) -> tuple[list[dict], list[dict], dict]:
+    """Every arm, `--repeats` times, in the given order then reversed, alternately (a machine
+    that slows down over the run does not favour one arm). (arms, requests, reference texts)."""
+    reference, commands = {}, {}
+    phases = {(a, c): [] for a in args.arms for c in args.clients}
+    requests = []
+    for rep in range(args.repeats):
+        for name in (args.arms if rep % 2 == 0 else args.arms[::-1]):
+            commands[name], done = run_arm(name, args, has_max_batch, reference)
+            for clients, (wall, rows) in done.items():
+                phases[name, clients].append((wall, rows))
+                requests += [{"arm": name, "repeat": rep, "clients": clients, "client": r["client"],
+                              "prompt": r["prompt"], "ttft_s": r["ttft_s"], "latency_s": r["latency_s"],
+                              "completion_tokens": r["usage"]["completion_tokens"], "chunks": len(r["arrivals_s"]),
+                              "batch": batch_of(r["usage"]), "parity": r["parity"]} for r in rows]
+    arms = [{"arm": a, "command": commands[a], "runs": [summarise(a, c, phases[a, c]) for c in args.clients]}
+            for a in args.arms]
+    return arms, requests, reference
 
 
 def add_ratios(arms: list[dict]) -> None:
@@ -247,6 +271,7 @@ def parse_args(argv=None):
     p.add_argument("--clients", default="1,2,4,8", help="client counts, comma-separated")
     p.add_argument("--requests", type=int, default=3, help="requests per client")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=1, help="runs of every arm, order reversed every other run")
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     p.add_argument("--model", default="builtin", help="the target (every arm serves it)")
     p.add_argument("--serve-flags", default="", help="more flags for every dflash2 arm, e.g. '--block-size 4'")
@@ -254,15 +279,15 @@ def parse_args(argv=None):
     p.add_argument("--json", type=Path, help="write the result here")
     args = p.parse_args(argv)
     if args.smoke:
-        args.clients, args.requests, args.max_tokens = "1", 1, 4
+        args.clients, args.requests, args.max_tokens, args.repeats = "1", 1, 4, 1
     try:
         args.clients = [int(c) for c in args.clients.split(",")]
     except ValueError:
         p.error(f"--clients {args.clients!r}: give client counts separated by commas, e.g. 1,2,4,8")
     args.arms = [a.strip() for a in args.arms.split(",")]
     unknown = [a for a in args.arms if a not in ARMS]
-    if unknown or min(args.clients) < 1 or args.requests < 1 or args.max_tokens < 1:
-        p.error(f"--arms takes {', '.join(ARMS)}; --clients, --requests and --max-tokens must be 1 or more")
+    if unknown or min(args.clients) < 1 or min(args.requests, args.max_tokens, args.repeats) < 1:
+        p.error(f"--arms takes {', '.join(ARMS)}; --clients, --requests, --max-tokens and --repeats must be 1 or more")
     return args
 
 
@@ -274,12 +299,8 @@ def main(argv=None) -> None:
     import mlx.core as mx
 
     has_max_batch = serve_has_max_batch()
-    reference, arms, requests = {}, [], []
     try:
-        for name in args.arms:
-            arm, rows = run_arm(name, args, has_max_batch, reference)
-            arms.append(arm)
-            requests += rows
+        arms, requests, reference = run_all(args, has_max_batch)
     except httpx.HTTPError as e:
         sys.exit(f"error: a request failed ({type(e).__name__}: {e}): see the server's flags above")
     add_ratios(arms)
@@ -288,6 +309,7 @@ def main(argv=None) -> None:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "backend": backend_name(),
         "machine": platform.machine(), "mlx": mx.__version__, "model": args.model,
         "clients": args.clients, "requests_per_client": args.requests, "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
         "temperature": 0, "dflash2_serve_batches": has_max_batch,
         "note": None if has_max_batch else "this dflash2 serve has no --max-batch: it serves one request at a "
                                            "time, and the serial arm ran with its default flags",

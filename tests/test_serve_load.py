@@ -28,8 +28,8 @@ CANCEL_MAX = 200  # far more than the first chunk: a closed stream is cancelled,
 
 
 def chat(prompt: str, **kw) -> dict:
-    return {"path": "/v1/chat/completions", "body": {"model": "builtin", "messages": [{"role": "user", "content": prompt}],
-                                                     "temperature": 0, **kw}}
+    messages = [{"role": "user", "content": prompt}]
+    return {"path": "/v1/chat/completions", "body": {"model": "builtin", "messages": messages, "temperature": 0, **kw}}
 
 
 def plan(c: int, j: int) -> dict:
@@ -51,8 +51,8 @@ def plan(c: int, j: int) -> dict:
     if kind == "cancel":
         return {**chat(TOPICS[(k // 8) % 2], max_tokens=CANCEL_MAX, stream=True), "kind": kind}
     if kind == "completions":
-        return {"path": "/v1/completions", "kind": kind,
-                "body": {"model": "builtin", "prompt": prompt, "max_tokens": n, "temperature": 0, "stream": (k // 8) % 2 == 1}}
+        body = {"model": "builtin", "prompt": prompt, "max_tokens": n, "temperature": 0, "stream": (k // 8) % 2 == 1}
+        return {"path": "/v1/completions", "kind": kind, "body": body}
     if kind == "anthropic":
         return {"path": "/v1/messages", "kind": kind,
                 "body": {"model": "builtin", "max_tokens": n, "messages": [{"role": "user", "content": prompt}]}}
