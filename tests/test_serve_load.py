@@ -22,7 +22,7 @@ from serve_helpers import Server
 
 CLIENTS, PER_CLIENT = 16, 5
 TOPICS = ["the sea", "a cat", "prime numbers", "a red bicycle", "rain in the city", "a stack in Python"]
-LONG = " ".join(f"Rule {i}: keep line {i} short and cite page {i * 3}." for i in range(70))  # ~1,000 tokens
+LONG = " ".join(f"Rule {i}: keep line {i} short and cite page {i * 3}." for i in range(55))  # ~1,000 tokens
 LONG_AT = (6, 1)  # client 6's second request: it waits for a third of the run first
 CANCEL_MAX = 200  # far more than the first chunk: a closed stream is cancelled, not finished
 
