@@ -10,8 +10,10 @@ Arms (`--arms` picks a subset, run in the order given, reversed every other --re
   ar       `dflash2 serve --ar` (batched plain decoding)
   serial   `dflash2 serve --max-batch 1` (one request at a time, the server before batching)
   mlx_lm   `python -m mlx_lm server --model <the target's folder>` (batches concurrent requests)
-`--serve-flags "..."` adds flags to every dflash2 arm. A `dflash2 serve` without --max-batch
-(before batching) runs the serial arm with its default flags, and the JSON says so.
+`--serve-flags='...'` adds flags to every dflash2 arm; `--arm-flags 'ARM=FLAGS'` (repeatable)
+replaces one arm's own flags (for mlx_lm: adds to --model), e.g. `--arm-flags 'serial=--ar
+--max-batch 1'`. A `dflash2 serve` without --max-batch (before batching) runs the serial arm
+with its default flags, and the JSON says so.
 
 Each arm is a fresh server on a free loopback port, warmed up with one request, then for each
 client count: that many streaming clients at once, each sending `--requests` chat requests
@@ -39,6 +41,7 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import socket
 import statistics
@@ -126,14 +129,20 @@ def stream_chat(url: str, messages: list, max_tokens: int, model: str = "builtin
 
 def arm_command(name: str, args, has_max_batch: bool) -> tuple[list[str], list[str], str]:
     """(command, its flags, the model name requests carry) of one arm."""
+    own = args.arm_flags.get(name)
     if name == "mlx_lm":
         from dflash2_mlx.loading.builtin import resolve_builtin
 
+        folder = resolve_builtin(args.model, "target")
+        if not Path(folder).is_dir() and not re.fullmatch(r"[\w.-]+/[\w.-]+", folder):
+            # mlx_lm.server loads on the first request: a bad model would only show as a hang there.
+            sys.exit(f"error: --model {args.model}: no such folder and not a Hub repo id (owner/name)")
         # mlx_lm.server answers the model it was started with under "default_model".
-        return [sys.executable, "-m", "mlx_lm", "server"], \
-            ["--model", resolve_builtin(args.model, "target"), "--log-level", "WARNING"], "default_model"
-    flags = DFLASH2_FLAGS[name] if has_max_batch or name != "serial" else []
-    flags = ["--model", args.model, *flags, *shlex.split(args.serve_flags)]
+        flags = ["--model", folder, "--log-level", "WARNING", *(own or [])]
+        return [sys.executable, "-m", "mlx_lm", "server"], flags, "default_model"
+    if own is None:
+        own = DFLASH2_FLAGS[name] if has_max_batch or name != "serial" else []
+    flags = ["--model", args.model, *own, *shlex.split(args.serve_flags)]
     return [sys.executable, "-m", "dflash2_mlx.cli", "serve"], flags, args.model
 
 
@@ -193,7 +202,7 @@ def summarise(name: str, clients: int, phases: list[tuple[float, list[dict]]]) -
     }
 
 
-def run_arm(name: str, args, has_max_batch: bool, reference: dict) -> tuple[list[str], dict]:
+def run_arm(name: str, args, has_max_batch: bool, reference: dict) -> tuple[str, dict]:
     """One fresh server, every client count in turn: (its command, client count -> (wall, rows)).
     `reference` (prompt -> text) is filled by the first arm run and read by the others for parity."""
     command, flags, model = arm_command(name, args, has_max_batch)
@@ -208,7 +217,7 @@ def run_arm(name: str, args, has_max_batch: bool, reference: dict) -> tuple[list
             phases[clients] = (wall, rows)
     finally:
         stop_server(proc)
-    return [*command[-2:], *flags], phases
+    return shlex.join(["python", *command[1:], *flags]), phases
 
 
 def run_all(args, has_max_batch: bool) -> tuple[list[dict], list[dict], dict]:
@@ -274,7 +283,9 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=1, help="runs of every arm, order reversed every other run")
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     p.add_argument("--model", default="builtin", help="the target (every arm serves it)")
-    p.add_argument("--serve-flags", default="", help="more flags for every dflash2 arm, e.g. '--block-size 4'")
+    p.add_argument("--serve-flags", default="", help="more flags for every dflash2 arm, e.g. --serve-flags='--block-size 4'")
+    p.add_argument("--arm-flags", action="append", default=[], metavar="ARM=FLAGS",
+                   help="replace one arm's own flags (repeatable), e.g. 'serial=--ar --max-batch 1'")
     p.add_argument("--smoke", action="store_true", help="1 client, 1 request, 4 tokens (the test's run)")
     p.add_argument("--json", type=Path, help="write the result here")
     args = p.parse_args(argv)
@@ -285,9 +296,14 @@ def parse_args(argv=None):
     except ValueError:
         p.error(f"--clients {args.clients!r}: give client counts separated by commas, e.g. 1,2,4,8")
     args.arms = [a.strip() for a in args.arms.split(",")]
-    unknown = [a for a in args.arms if a not in ARMS]
-    if unknown or min(args.clients) < 1 or min(args.requests, args.max_tokens, args.repeats) < 1:
-        p.error(f"--arms takes {', '.join(ARMS)}; --clients, --requests, --max-tokens and --repeats must be 1 or more")
+    if any("=" not in f for f in args.arm_flags):
+        p.error("--arm-flags takes ARM=FLAGS, e.g. 'serial=--max-batch 1'")
+    args.arm_flags = {k.strip(): shlex.split(v) for k, v in (f.split("=", 1) for f in args.arm_flags)}
+    unknown = [a for a in [*args.arms, *args.arm_flags] if a not in ARMS]
+    if unknown:
+        p.error(f"unknown arm {unknown[0]!r}: --arms and --arm-flags take {', '.join(ARMS)}")
+    if min(args.clients) < 1 or min(args.requests, args.max_tokens, args.repeats) < 1:
+        p.error("--clients, --requests, --max-tokens and --repeats must be 1 or more")
     return args
 
 
@@ -309,7 +325,7 @@ def main(argv=None) -> None:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "backend": backend_name(),
         "machine": platform.machine(), "mlx": mx.__version__, "model": args.model,
         "clients": args.clients, "requests_per_client": args.requests, "max_tokens": args.max_tokens,
-        "repeats": args.repeats,
+        "repeats": args.repeats, "serve_flags": args.serve_flags, "arm_flags": args.arm_flags,
         "temperature": 0, "dflash2_serve_batches": has_max_batch,
         "note": None if has_max_batch else "this dflash2 serve has no --max-batch: it serves one request at a "
                                            "time, and the serial arm ran with its default flags",
