@@ -315,6 +315,7 @@ def main(argv=None) -> None:
     import mlx.core as mx
 
     has_max_batch = serve_has_max_batch()
+    load_before = os.getloadavg()  # other work on the machine, which the ratios cannot see
     try:
         arms, requests, reference = run_all(args, has_max_batch)
     except httpx.HTTPError as e:
@@ -326,6 +327,7 @@ def main(argv=None) -> None:
         "machine": platform.machine(), "mlx": mx.__version__, "model": args.model,
         "clients": args.clients, "requests_per_client": args.requests, "max_tokens": args.max_tokens,
         "repeats": args.repeats, "serve_flags": args.serve_flags, "arm_flags": args.arm_flags,
+        "cpus": os.cpu_count(), "load_average_1m": {"before": load_before[0], "after": os.getloadavg()[0]},
         "temperature": 0, "dflash2_serve_batches": has_max_batch,
         "note": None if has_max_batch else "this dflash2 serve has no --max-batch: it serves one request at a "
                                            "time, and the serial arm ran with its default flags",
