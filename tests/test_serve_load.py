@@ -4,10 +4,11 @@ Streamed and not, chat, completions and Anthropic messages, stop strings, T = 0 
 T > 0 at two temperatures, some streams closed after their first chunk, and a ~1,000-token
 prompt sent once a third of the run is done. Then: every request finished or was cancelled as
 asked, nothing answered 5xx, every T = 0 answer equals the same request sent alone afterwards
-(one at a time, same server), each seeded request sent twice at once gave one text, and the
-server still answers right: follow-ups sharing a prefix with earlier requests (read from its
-prompt cache) equal a cold server's (`--cache-bytes 0`). Holds for a server that batches and
-for one that queues (a serial server is correct, just slow).
+(one at a time, same server), each seeded request (sent by two or three clients during the
+run) gave one text, and the server still answers right: follow-ups sharing a prefix with
+earlier requests (read from its prompt cache) equal a cold server's (`--cache-bytes 0`).
+Holds for a server that batches and for one that queues (a serial server is correct, just
+slow). About 30-45 s on the shared 2-core CPU.
 """
 
 import json
