@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 import mlx.core as mx
 
-from ...engine.decode.loop import DecodeCache, _prefill
+from ...engine.decode.loop import DecodeCache, prefill
 from ...engine.pair import Pair
 from .disk import DiskTier
 from .keys import block_keys, pair_fingerprint
@@ -158,7 +158,7 @@ class PromptCache:
             end = (k + 1) * self.S
             if end > ran:
                 # The loop's own prefill, so the rows equal those of an uncached run.
-                _prefill(mx.array(ids[ran:end], dtype=mx.int32), self.pair, cache, prefill_step_size)
+                prefill(mx.array(ids[ran:end], dtype=mx.int32), self.pair, cache, prefill_step_size)
                 ran = end
                 cache.tokens = list(ids[: end + 1])
                 cache.last_verify = None

@@ -1,0 +1,185 @@
+"""Continuous batching with speculation: many sequences, one target pass per cycle.
+
+`BatchDecoder.step()` runs one prompt chunk of the oldest joining sequence
+(a long prompt never stalls the others for more than a chunk), then one cycle
+of every running sequence: each adds its rows to one target pass (its anchor
+and drafted block, or one plain row), the drafting ones are drafted together
+in one drafter pass, and each then accepts, rolls back and commits on its own
+(passes.py, docs/batching.md). Sequences join with `add` and leave with
+`remove` between steps. It knows nothing about text: ids in, `DecodeStep`s out.
+
+Each sequence's block is its own policy's (a fixed block, or the seeded
+sequence's clock-free schedule) or, for auto sequences, the batch policy's
+(`adaptive.batch_policy`): the block of every sequence that maximises the
+batch's committed tokens per second at the pass cost of the batch's total rows.
+"""
+
+import time
+from typing import Optional
+
+import mlx.core as mx
+
+from ...errors import DFlashError
+from ..decode.verify import accept_greedy, accept_sampled
+from ..decode.constrained import grammar_propose
+from ..decode.state import CycleOutcome, DecodeCache, DecodeStep, LastVerify
+from ..drafter.propose import propose
+from ..pair import Pair
+from .passes import batch_blocker, draft_pass, target_pass
+from .sequence import BatchSequence, SequenceSettings
+
+__all__ = ["BatchDecoder", "BatchSequence", "SequenceSettings", "batch_blocker"]
+
+
+class BatchDecoder:
+    """Runs up to `max_batch` sequences of `pair` together. `policy`: a
+    `BatchPolicy` (or None: every sequence follows its own policy)."""
+
+    def __init__(self, pair: Pair, max_batch: int = 8, policy=None):
+        why = batch_blocker(pair)
+        if why is not None:
+            raise DFlashError(f"target '{pair.target.model_type}' cannot batch: {why}")
+        if max_batch < 1:
+            raise DFlashError(f"max batch {max_batch}: run at least one sequence")
+        self.pair, self.max_batch, self.policy = pair, max_batch, policy
+        self.sequences: list[BatchSequence] = []
+        self.passes = 0  # batched target passes run
+        self.last_pass: tuple[int, int] = (0, 0)  # (sequences, rows) of the latest pass
+
+    # -- joining and leaving ------------------------------------------------------------
+    def add(self, prompt, settings: SequenceSettings = SequenceSettings(),
+            prompt_cache: Optional[DecodeCache] = None) -> BatchSequence:
+        """A new sequence; its prompt runs chunk by chunk in the next steps."""
+        if len(self.sequences) >= self.max_batch:
+            raise DFlashError(f"the batch is full ({self.max_batch} sequences): remove one first")
+        if self.pair.drafter is None and settings.block_size not in (None, 1):
+            settings = SequenceSettings(**{**settings.__dict__, "block_size": None})
+        seq = BatchSequence(self.pair, prompt, settings, prompt_cache)
+        self.sequences.append(seq)
+        return seq
+
+    def remove(self, seq: BatchSequence) -> None:
+        """Take `seq` out (finished, stopped by its caller or cancelled); its caches stay at rest."""
+        if seq in self.sequences:
+            self.sequences.remove(seq)
+        seq.close()
+
+    @property
+    def full(self) -> bool:
+        return len(self.sequences) >= self.max_batch
+
+    # -- one step -------------------------------------------------------------------------
+    def step(self) -> list[tuple[BatchSequence, DecodeStep]]:
+        """One prompt chunk of the oldest joining sequence, then one cycle of
+        every running one; the steps they committed. Finished sequences stay
+        until removed (`seq.finished`)."""
+        out = []
+        joining = [s for s in self.sequences if s.anchor is None and not s.finished]
+        running = [s for s in self.sequences if s.running]
+        if joining:
+            first = joining[0].prefill_chunk()
+            if first is not None:
+                out.append((joining[0], first))
+        if running:
+            out.extend(zip(running, self._cycle(running)))
+        return out
+
+    def _cycle(self, seqs: list[BatchSequence]) -> list[DecodeStep]:
+        blocks = self._blocks(seqs)
+        for s in seqs:
+            s.largest_batch = max(s.largest_batch, len(seqs))
+        keys = [s.next_keys(b > 1) for s, b in zip(seqs, blocks)]
+        tic = time.perf_counter()
+        drafts = self._draft(seqs, blocks, keys)
+        anchors = [mx.array([s.anchor], dtype=mx.int32) for s in seqs]
+        rows = [a if d is None else mx.concatenate([a, d[0].draft.astype(mx.int32)]) for a, d in zip(anchors, drafts)]
+        passes = target_pass(self.pair, rows, [s.cache.target for s in seqs])
+        picks = [self._pick(s, d, p, k) for s, d, p, k in zip(seqs, drafts, passes, keys)]
+        fetched = _fetch_all(picks)
+        self.passes += 1
+        self.last_pass = (len(seqs), sum(r.size for r in rows))
+        if self.policy is not None and hasattr(self.policy, "observe_pass"):
+            drafted_rows = sum(b for b in blocks if b > 1)
+            self.policy.observe_pass(self.last_pass[1], drafted_rows, time.perf_counter() - tic)
+        return [s.commit(self._outcome(s, r, p, f)) for s, r, p, f in zip(seqs, rows, passes, fetched)]
+
+    def _blocks(self, seqs: list[BatchSequence]) -> list[int]:
+        """Each sequence's block this cycle (1: a plain row)."""
+        own = [s.choice.block if s.choice is not None else 1 for s in seqs]
+        if self.pair.drafter is None:
+            return [1] * len(seqs)
+        free = [i for i, s in enumerate(seqs) if s.settings.batch_decides and s.rule is None]
+        if self.policy is None or not free:
+            return own
+        from ..adaptive.batch_policy import SequenceView  # the policy module stays free of MLX
+
+        views = [SequenceView(tokens_left=s.left, context=s.context, max_block=s.block,
+                              acceptance=s.acceptance(), fixed=None if i in free else own[i])
+                 for i, s in enumerate(seqs)]
+        return list(self.policy.choose(views))
+
+    def _draft(self, seqs, blocks, keys) -> list:
+        """Per sequence: None (a plain row) or (proposal, grammar masks)."""
+        idx = [i for i, b in enumerate(blocks) if b > 1]
+        out = [None] * len(seqs)
+        if not idx:
+            return out
+        pair = self.pair
+        drafted = draft_pass(pair, [seqs[i].anchor for i in idx], [blocks[i] for i in idx],
+                             [seqs[i].pending.take() for i in idx], [seqs[i].cache.drafter for i in idx])
+        for i, (hidden, logits) in zip(idx, drafted):
+            s, (k_draft, _) = seqs[i], keys[i]
+            if s.grammar is None:
+                out[i] = (propose(pair.drafter, logits, hidden, s.anchor, s.sampling, s.transform, k_draft,
+                                  pair.selector_transform), None)
+            else:
+                out[i] = grammar_propose(pair.drafter, logits, hidden, s.anchor, s.sampling, s.transform, k_draft,
+                                         pair.selector_transform, s.grammar)
+        return out
+
+    def _pick(self, s: BatchSequence, drafted, passed, keys):
+        """The tokens this sequence takes from its rows (lazy): (accepted, bonus) or the plain token."""
+        logits, _, _ = passed
+        if drafted is None:
+            row = logits[0] if s.rule is None else s.rule.plain(logits[0], s.cache.tokens)
+            return (s.sample(row, keys[0]), row)
+        prop, masks = drafted
+        rows = logits if s.rule is None else s.rule.block(logits, s.cache.tokens, prop.draft, masks)
+        if s.sampling.greedy:
+            a, bonus = accept_greedy(prop.draft, rows)
+        else:
+            a, bonus = accept_sampled(prop.draft, prop.q_full, rows, s.transform, keys[1])
+        return (mx.concatenate([prop.draft, bonus[None], a[None]]), rows)
+
+    def _outcome(self, s: BatchSequence, rows: mx.array, passed, fetched) -> CycleOutcome:
+        """The cycle outcome of one sequence, its rejected rows rolled back (chain.py's rule)."""
+        logits, features, undo = passed
+        values, processed = fetched
+        target = self.pair.target
+        if rows.size == 1:  # a plain row: its token, the row kept
+            token = int(values)
+            logprobs = s.rule.logprobs(processed[None], [token]) if s.rule is not None else None
+            return CycleOutcome((token,), verify_rows=1, features=features, logprobs=logprobs)
+        a, bonus = values[-1], values[-2]
+        tokens = tuple(values[:a]) + (bonus,)
+        keep = a + 1
+        if len(tokens) > s.left:  # the last block verified one draft past the limit
+            tokens, keep = tokens[: s.left], s.left
+        target.rollback(s.cache.target, undo, keep)
+        drafted = rows.size - 1
+        logprobs = s.rule.logprobs(processed, tokens) if s.rule is not None else None
+        return CycleOutcome(tokens, accepted=a, drafted=drafted, verify_rows=drafted + 1, logprobs=logprobs,
+                            features=None if features is None else features[:, :keep],
+                            undo=LastVerify.after_rollback(target, undo, keep))
+
+
+def _fetch_all(picks: list) -> list:
+    """Every sequence's picked tokens in one host synchronisation: (values, processed rows)."""
+    flat = mx.concatenate([p[0].reshape(-1).astype(mx.int32) for p in picks])
+    values = flat.tolist()
+    out, at = [], 0
+    for value, row in picks:
+        n = value.size
+        out.append((values[at] if value.ndim == 0 else values[at : at + n], row))
+        at += n
+    return out

@@ -1,0 +1,78 @@
+"""One target layer's caches for a batched pass: each sequence keeps its own.
+
+A batched pass stacks the sequences' new rows as a batch, right-padded to
+the longest (a sequence adds its anchor and drafted block, or one plain row).
+Each layer's cache is replaced for that pass by a `BatchLayerView` over the
+sequences' own caches (the ones a sequence alone would use: `KVCache`,
+`WindowKVCache`):
+
+- `offset` is the vector of the sequences' offsets (mlx-lm attention rotates
+  with `rope(x, offset=cache.offset)`, which takes one offset per batch row);
+- `update_and_fetch` writes only each sequence's valid rows into its own
+  cache and hands the pass each sequence's keys, right-padded with zeros to
+  the longest: a sequence's keys keep the columns they have alone;
+- `make_mask` (what `create_attention_mask` asks) stacks each cache's own
+  mask for its rows, padding columns and rows masked off (a padding row sees
+  what the sequence's last row sees, so no row of the softmax is empty).
+
+Rejected rows are therefore *removed*, never masked: after the pass each
+sequence rolls its own cache back exactly as it would alone (trim, or the
+sliding ring's room), so nothing a later pass reads depends on the batch it
+ran in, and joining or leaving is adding or dropping a list entry. The cost is
+one gather of the batch's keys per layer per pass (docs/batching.md).
+"""
+
+from typing import Optional, Sequence
+
+import mlx.core as mx
+
+
+class BatchLayerView:
+    """The caches of one layer for the sequences of a batched pass (see module doc)."""
+
+    def __init__(self, caches: Sequence, lengths: Sequence[int]):
+        self.caches, self.lengths = list(caches), list(lengths)
+
+    @property
+    def offset(self) -> mx.array:
+        return mx.array([c.offset for c in self.caches])
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        ks, vs = [], []
+        for i, (c, n) in enumerate(zip(self.caches, self.lengths)):
+            k, v = c.update_and_fetch(keys[i : i + 1, :, :n], values[i : i + 1, :, :n])
+            ks.append(k)
+            vs.append(v)
+        return stack_right_padded(ks), stack_right_padded(vs)
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: Optional[int] = None) -> mx.array:
+        masks = [_own_mask(c, n, window_size) for c, n in zip(self.caches, self.lengths)]
+        width = max(m.shape[1] for m in masks)
+        rows = []
+        for m, n in zip(masks, self.lengths):
+            m = mx.pad(m, [(0, 0), (0, width - m.shape[1])], constant_values=False)
+            if n < N:  # padding rows: the last real row's mask, so no softmax row is empty
+                m = mx.concatenate([m, mx.broadcast_to(m[-1:], (N - n, width))], axis=0)
+            rows.append(m)
+        return mx.stack(rows)[:, None]
+
+    # A view is not a cache: callers that ask for these get them from the sequences' caches.
+    def is_trimmable(self) -> bool:
+        return False
+
+
+def _own_mask(cache, n: int, window_size: Optional[int]) -> mx.array:
+    """The boolean mask [n, keys] `cache` gives a pass of its own `n` rows."""
+    mask = cache.make_mask(n, return_array=True, window_size=window_size)
+    if mask is None or isinstance(mask, str):  # a cache whose mask is implicit: every key, causal
+        offset = cache.offset
+        mask = mx.arange(offset, offset + n)[:, None] >= mx.arange(offset + n)[None]
+    return mask.astype(mx.bool_)
+
+
+def stack_right_padded(arrays: list) -> mx.array:
+    """[1, H, n_i, D] arrays -> [N, H, max n_i, D], zeros after each one's own rows."""
+    width = max(a.shape[2] for a in arrays)
+    padded = [a if a.shape[2] == width else mx.pad(a, [(0, 0), (0, 0), (0, width - a.shape[2]), (0, 0)])
+              for a in arrays]
+    return mx.concatenate(padded, axis=0)
