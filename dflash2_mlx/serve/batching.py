@@ -49,7 +49,6 @@ class BatchRunner:
 
     def run(self) -> None:
         while True:
-            self._take_jobs()
             if not self.running:
                 for task in self.tasks:
                     self.service.run_task(task)
@@ -57,8 +56,9 @@ class BatchRunner:
                 self.service.pool.flush()  # disk writes when idle, never in front of a token
                 if self.stopping:
                     return
-                continue
-            self._step()
+            self._take_jobs()
+            if self.running:
+                self._step()
 
     # -- the queue ----------------------------------------------------------------------
     def _take_jobs(self) -> None:

@@ -101,7 +101,8 @@ class BatchDecoder:
         if self.policy is not None and hasattr(self.policy, "observe_pass"):
             drafted_rows = sum(b for b in blocks if b > 1)
             self.policy.observe_pass(self.last_pass[1], drafted_rows, time.perf_counter() - tic)
-        return [s.commit(self._outcome(s, r, p, f)) for s, r, p, f in zip(seqs, rows, passes, fetched)]
+        return [s.commit(self._outcome(s, d, p, f), plain=d is None)
+                for s, d, p, f in zip(seqs, drafts, passes, fetched)]
 
     def _blocks(self, seqs: list[BatchSequence]) -> list[int]:
         """Each sequence's block this cycle (1: a plain row)."""
@@ -151,13 +152,13 @@ class BatchDecoder:
             a, bonus = accept_sampled(prop.draft, prop.q_full, rows, s.transform, keys[1])
         return (mx.concatenate([prop.draft, bonus[None], a[None]]), rows)
 
-    def _outcome(self, s: BatchSequence, rows: mx.array, passed, fetched) -> CycleOutcome:
+    def _outcome(self, s: BatchSequence, drafted, passed, fetched) -> CycleOutcome:
         """The cycle outcome of one sequence, its rejected rows rolled back (chain.py's rule)."""
         logits, features, undo = passed
         values, processed = fetched
         target = self.pair.target
-        if rows.size == 1:  # a plain row: its token, the row kept
-            token = int(values)
+        if drafted is None:  # a plain row: its token, the row kept
+            token = values[0]
             logprobs = s.rule.logprobs(processed[None], [token]) if s.rule is not None else None
             return CycleOutcome((token,), verify_rows=1, features=features, logprobs=logprobs)
         a, bonus = values[-1], values[-2]
@@ -166,9 +167,9 @@ class BatchDecoder:
         if len(tokens) > s.left:  # the last block verified one draft past the limit
             tokens, keep = tokens[: s.left], s.left
         target.rollback(s.cache.target, undo, keep)
-        drafted = rows.size - 1
+        n = drafted[0].draft.size
         logprobs = s.rule.logprobs(processed, tokens) if s.rule is not None else None
-        return CycleOutcome(tokens, accepted=a, drafted=drafted, verify_rows=drafted + 1, logprobs=logprobs,
+        return CycleOutcome(tokens, accepted=a, drafted=n, verify_rows=n + 1, logprobs=logprobs,
                             features=None if features is None else features[:, :keep],
                             undo=LastVerify.after_rollback(target, undo, keep))
 
@@ -180,6 +181,6 @@ def _fetch_all(picks: list) -> list:
     out, at = [], 0
     for value, row in picks:
         n = value.size
-        out.append((values[at] if value.ndim == 0 else values[at : at + n], row))
+        out.append((values[at : at + n], row))
         at += n
     return out

@@ -92,9 +92,9 @@ class BatchSequence:
         self._check_done()
         return DecodeStep((token,), (False,), logprobs=logprobs)
 
-    def commit(self, outcome) -> DecodeStep:
-        """The loop's commit tail for this sequence's cycle outcome, then its own next decision."""
-        plain = not outcome.drafted
+    def commit(self, outcome, plain: bool) -> DecodeStep:
+        """The loop's commit tail for this sequence's cycle outcome (`plain`: a plain row,
+        not a drafted block), then its own next decision."""
         context = len(self.cache.tokens)
         self.left = commit_outcome(outcome, self.cache, self.pending, self.policy, self.pair.drafter, self.left,
                                    self.grammar)
