@@ -28,16 +28,18 @@ def _pair(family):
 
 def _requests(V, seed=0):
     """Prompts of different lengths (some past the sliding windows), each with its own
-    block size (None: the drafter's; 1 in a pair without drafter), length and sampling."""
+    block size (None: the drafter's; 1 in a pair without drafter), tree rows (0: the
+    chain), length and sampling."""
     rng = np.random.default_rng(seed)
     lengths, blocks, tokens = (5, 37, 3, 60, 12, 24), (4, 16, 2, 8, None, 3), (20, 33, 12, 40, 25, 9)
-    return [dict(prompt=rng.integers(0, V, n).tolist(), block=b, max_tokens=m)
-            for n, b, m in zip(lengths, blocks, tokens)]
+    trees = (0, 0, 0, 8, 6, 0)
+    return [dict(prompt=rng.integers(0, V, n).tolist(), block=b, max_tokens=m, tree=t)
+            for n, b, m, t in zip(lengths, blocks, tokens, trees)]
 
 
 def _alone(pair, r, sampling=SamplingParams(), **kw):
     steps = generate_step(r["prompt"], pair, max_tokens=r["max_tokens"], block_size=r["block"],
-                          prefill_step_size=STEP, sampling=sampling, **kw)
+                          prefill_step_size=STEP, sampling=sampling, tree_rows=r.get("tree", 0), **kw)
     return [t for s in steps for t in s.tokens]
 
 
@@ -52,7 +54,8 @@ def _run_batch(pair, requests, join_every=2, samplings=None, leave=None, max_bat
             i, r = waiting.pop(0)
             sampling = samplings[i] if samplings else SamplingParams()
             seqs[i] = decoder.add(r["prompt"], SequenceSettings(max_tokens=r["max_tokens"], block_size=r["block"],
-                                                                sampling=sampling, prefill_step_size=STEP))
+                                                                sampling=sampling, prefill_step_size=STEP,
+                                                                tree_rows=r.get("tree", 0)))
             got[i] = []
         for seq, s in decoder.step():
             i = next(k for k, v in seqs.items() if v is seq)
@@ -70,7 +73,7 @@ def test_each_sequence_of_a_batch_is_token_identical_to_running_alone(family):
     requests = _requests(pair.target.vocab_size)
     got, _, decoder = _run_batch(pair, requests)
     for i, r in enumerate(requests):
-        assert got[i] == _alone(pair, r), f"sequence {i} (block {r['block']}) differs from its run alone"
+        assert got[i] == _alone(pair, r), f"sequence {i} (block {r['block']}, tree {r['tree']}) differs from alone"
     assert decoder.passes < sum(r["max_tokens"] for r in requests)  # passes were shared
 
 
@@ -86,7 +89,7 @@ def test_builtin_pair_batches_token_identically():
 
 def test_plain_sequences_batch_without_a_drafter():
     pair = _pair("qwen3").without_drafter()
-    requests = [dict(r, block=None) for r in _requests(pair.target.vocab_size, seed=1)]
+    requests = [dict(r, block=None, tree=0) for r in _requests(pair.target.vocab_size, seed=1)]
     got, _, decoder = _run_batch(pair, requests)
     for i, r in enumerate(requests):
         assert got[i] == _alone(pair, r)

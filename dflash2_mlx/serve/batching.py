@@ -129,21 +129,22 @@ class BatchRunner:
             if service.pool.extend(r.cache, r.ids, service.prefill_step_size, max_blocks=1):
                 return True
             prompt = list(r.ids[len(r.cache.tokens) - 1 :]) if r.cache.tokens else list(r.ids)
-            request = r.job.request
+            request, trees = r.job.request, service.tree_rows if service.pair.drafter is not None else 0
             r.plan = plan_generation(service.pair, service.tokenizer, prompt, max_tokens=request.max_tokens,
                                      sampling=request.sampling, block_size=service.block_size,
                                      calibration=service.calibration, prompt_cache=r.cache, grammar=request.grammar,
                                      logits_processors=request.logits_processors(),
-                                     top_logprobs=request.top_logprobs, batched=True)
+                                     top_logprobs=request.top_logprobs, tree_rows=trees, batched=True)
         except DFlashError as e:
             self._fail(r, Failed(str(e), 400))
             return False
         seeded = request.sampling.seed is not None and not request.sampling.greedy
         settings = SequenceSettings(
             max_tokens=r.plan.max_tokens, sampling=request.sampling, block_size=r.plan.block, policy=r.plan.policy,
-            batch_decides=r.plan.auto and not seeded, prefill_step_size=service.prefill_step_size, **r.plan.rows)
+            batch_decides=r.plan.auto and not seeded, prefill_step_size=service.prefill_step_size, tree_rows=trees,
+            **r.plan.rows)
         r.seq = self.decoder.add(r.plan.ids, settings, prompt_cache=r.cache)
-        r.stream = TextStream(service.pair, service.tokenizer, r.plan, request.stop)
+        r.stream = TextStream(service.pair, service.tokenizer, r.plan, request.stop, r.seq.profiler, trees)
         r.warming = False
         return False
 

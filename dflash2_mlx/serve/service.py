@@ -226,13 +226,7 @@ class EngineService:
         time; `batch_note` says why when more than one was asked for)."""
         if self.max_batch is None:
             self.max_batch = default_max_batch(self.pair)
-        why = None
-        if self.channel is not None:
-            why = "the target is split over ranks"
-        elif self.tree_rows and self.pair.drafter is not None:
-            why = "tree verification runs one request at a time"
-        else:
-            why = batch_blocker(self.pair)
+        why = "the target is split over ranks" if self.channel is not None else batch_blocker(self.pair)
         if self.max_batch <= 1:
             return None
         if why is not None:

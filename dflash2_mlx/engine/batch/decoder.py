@@ -25,6 +25,9 @@ from ..decode.constrained import grammar_propose
 from ..decode.state import CycleOutcome, DecodeCache, DecodeStep, LastVerify
 from ..drafter.propose import propose
 from ..pair import Pair
+from ..target.adapter import Undo
+from ..tree.cycle import PlannedTree, finish_tree, plan_tree
+from ..tree.verify import tree_views
 from .passes import batch_blocker, draft_pass, target_pass
 from .sequence import BatchSequence, SequenceSettings
 
@@ -91,25 +94,34 @@ class BatchDecoder:
         keys = [s.next_keys(b > 1) for s, b in zip(seqs, blocks)]
         tic = time.perf_counter()
         drafts = self._draft(seqs, blocks, keys)
-        anchors = [mx.array([s.anchor], dtype=mx.int32) for s in seqs]
-        rows = [a if d is None else mx.concatenate([a, d[0].draft.astype(mx.int32)]) for a, d in zip(anchors, drafts)]
-        passes = target_pass(self.pair, rows, [s.cache.target for s in seqs])
-        picks = [self._pick(s, d, p, k) for s, d, p, k in zip(seqs, drafts, passes, keys)]
-        fetched = _fetch_all(picks)
+        groups = [_group(s, d) for s, d in zip(seqs, drafts)]
+        passes = target_pass(self.pair, groups)
+        picks = [None if isinstance(d, PlannedTree) else self._pick(s, d, p[0][0], k)
+                 for s, d, p, k in zip(seqs, drafts, passes, keys)]
+        fetched = _fetch_all([p for p in picks if p is not None])
         self.passes += 1
-        self.last_pass = (len(seqs), sum(r.size for r in rows))
+        self.last_pass = (len(seqs), sum(t.size for t, _ in groups))
+        steps = []
+        for s, d, g, p, pick in zip(seqs, drafts, groups, passes, picks):
+            if isinstance(d, PlannedTree):
+                outcome = finish_tree(d, s.cache, g[1], p[0][:, 0], None if p[1] is None else p[1][:, 0],
+                                      sampling=s.sampling, transform=s.transform, left=s.left, rule=s.rule,
+                                      profiler=s.profiler)
+            else:
+                outcome = self._outcome(s, d, (p[0][0], None if p[1] is None else p[1][:1], g[0]),
+                                        fetched.pop(0))
+            steps.append(s.commit(outcome, plain=d is None))
         if self.policy is not None and hasattr(self.policy, "observe_pass"):
             drafted_rows = sum(b for b in blocks if b > 1)
             self.policy.observe_pass(self.last_pass[1], drafted_rows, time.perf_counter() - tic)
-        return [s.commit(self._outcome(s, d, p, f), plain=d is None)
-                for s, d, p, f in zip(seqs, drafts, passes, fetched)]
+        return steps
 
     def _blocks(self, seqs: list[BatchSequence]) -> list[int]:
         """Each sequence's block this cycle (1: a plain row)."""
         own = [s.choice.block if s.choice is not None else 1 for s in seqs]
         if self.pair.drafter is None:
             return [1] * len(seqs)
-        free = [i for i, s in enumerate(seqs) if s.settings.batch_decides and s.rule is None]
+        free = [i for i, s in enumerate(seqs) if s.settings.batch_decides and s.rule is None and not s.tree_rows]
         if self.policy is None or not free:
             return own
         from ..adaptive.batch_policy import SequenceView  # the policy module stays free of MLX
@@ -120,7 +132,7 @@ class BatchDecoder:
         return list(self.policy.choose(views))
 
     def _draft(self, seqs, blocks, keys) -> list:
-        """Per sequence: None (a plain row) or (proposal, grammar masks)."""
+        """Per sequence: None (a plain row), (proposal, grammar masks), or a PlannedTree."""
         idx = [i for i, b in enumerate(blocks) if b > 1]
         out = [None] * len(seqs)
         if not idx:
@@ -129,8 +141,11 @@ class BatchDecoder:
         drafted = draft_pass(pair, [seqs[i].anchor for i in idx], [blocks[i] for i in idx],
                              [seqs[i].pending.take() for i in idx], [seqs[i].cache.drafter for i in idx])
         for i, (hidden, logits) in zip(idx, drafted):
-            s, (k_draft, _) = seqs[i], keys[i]
-            if s.grammar is None:
+            s, (k_draft, k_accept) = seqs[i], keys[i]
+            if s.tree_rows:
+                out[i] = plan_tree(pair, s.anchor, hidden, logits, rows=s.tree_rows, sampling=s.sampling,
+                                   key=k_accept, rule=s.rule, profiler=s.profiler)
+            elif s.grammar is None:
                 out[i] = (propose(pair.drafter, logits, hidden, s.anchor, s.sampling, s.transform, k_draft,
                                   pair.selector_transform), None)
             else:
@@ -138,9 +153,8 @@ class BatchDecoder:
                                          pair.selector_transform, s.grammar)
         return out
 
-    def _pick(self, s: BatchSequence, drafted, passed, keys):
-        """The tokens this sequence takes from its rows (lazy): (accepted, bonus) or the plain token."""
-        logits, _, _ = passed
+    def _pick(self, s: BatchSequence, drafted, logits, keys):
+        """The tokens this sequence takes from its rows [n, V] (lazy): (accepted, bonus) or the plain token."""
         if drafted is None:
             row = logits[0] if s.rule is None else s.rule.plain(logits[0], s.cache.tokens)
             return (s.sample(row, keys[0]), row)
@@ -153,8 +167,10 @@ class BatchDecoder:
         return (mx.concatenate([prop.draft, bonus[None], a[None]]), rows)
 
     def _outcome(self, s: BatchSequence, drafted, passed, fetched) -> CycleOutcome:
-        """The cycle outcome of one sequence, its rejected rows rolled back (chain.py's rule)."""
-        logits, features, undo = passed
+        """The cycle outcome of one sequence, its rejected rows rolled back (chain.py's rule).
+        `passed`: its logits [n, V], features [1, n, F] and rows [1, n]."""
+        logits, features, tokens_in = passed
+        undo = Undo(tokens_in, None)  # batched targets' caches all trim (passes.batch_blocker)
         values, processed = fetched
         target = self.pair.target
         if drafted is None:  # a plain row: its token, the row kept
@@ -174,8 +190,20 @@ class BatchDecoder:
                             undo=LastVerify.after_rollback(target, undo, keep))
 
 
+def _group(s: BatchSequence, drafted) -> tuple:
+    """What `s` adds to the target pass: (tokens [rows, n], layer members)."""
+    anchor = mx.array([[s.anchor]], dtype=mx.int32)
+    if drafted is None:
+        return anchor, s.cache.target
+    if isinstance(drafted, PlannedTree):
+        return mx.array(drafted.tree.tokens, dtype=mx.int32)[:, None], tree_views(s.cache.target, drafted.tree)
+    return mx.concatenate([anchor, drafted[0].draft.astype(mx.int32)[None]], axis=1), s.cache.target
+
+
 def _fetch_all(picks: list) -> list:
     """Every sequence's picked tokens in one host synchronisation: (values, processed rows)."""
+    if not picks:
+        return []
     flat = mx.concatenate([p[0].reshape(-1).astype(mx.int32) for p in picks])
     values = flat.tolist()
     out, at = [], 0

@@ -28,46 +28,61 @@ import mlx.core as mx
 
 
 class BatchLayerView:
-    """The caches of one layer for the sequences of a batched pass (see module doc)."""
+    """The caches of one layer for the sequences of a batched pass (see module doc).
 
-    def __init__(self, caches: Sequence, lengths: Sequence[int]):
-        self.caches, self.lengths = list(caches), list(lengths)
+    `members[i]` is a sequence's own cache, whose `lengths[i]` rows fill one batch
+    row, or a tree's `TreeCacheView` (engine/tree/verify.py), whose nodes fill one
+    batch row each (one row of their own, then padding): a tree is verified in the
+    same pass as it would be alone, as a batch of its nodes."""
+
+    def __init__(self, members: Sequence, lengths: Sequence[int]):
+        self.members, self.lengths = list(members), list(lengths)
+        self.rows = [_batch_rows(m) for m in self.members]
 
     @property
     def offset(self) -> mx.array:
-        return mx.array([c.offset for c in self.caches])
+        return mx.concatenate([m.offset.reshape(-1) if isinstance(m.offset, mx.array) else mx.array([m.offset])
+                               for m in self.members])
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
-        ks, vs = [], []
-        for i, (c, n) in enumerate(zip(self.caches, self.lengths)):
-            k, v = c.update_and_fetch(keys[i : i + 1, :, :n], values[i : i + 1, :, :n])
+        ks, vs, at = [], [], 0
+        for m, n, rows in zip(self.members, self.lengths, self.rows):
+            k, v = m.update_and_fetch(keys[at : at + rows, :, :n], values[at : at + rows, :, :n])
             ks.append(k)
             vs.append(v)
+            at += rows
         return stack_right_padded(ks), stack_right_padded(vs)
 
     def make_mask(self, N: int, return_array: bool = False, window_size: Optional[int] = None) -> mx.array:
-        masks = [_own_mask(c, n, window_size) for c, n in zip(self.caches, self.lengths)]
-        width = max(m.shape[1] for m in masks)
-        rows = []
+        masks = [_own_mask(m, n, window_size) for m, n in zip(self.members, self.lengths)]  # [rows, n, keys]
+        width = max(m.shape[-1] for m in masks)
+        out = []
         for m, n in zip(masks, self.lengths):
-            m = mx.pad(m, [(0, 0), (0, width - m.shape[1])], constant_values=False)
+            m = mx.pad(m, [(0, 0), (0, 0), (0, width - m.shape[-1])], constant_values=False)
             if n < N:  # padding rows: the last real row's mask, so no softmax row is empty
-                m = mx.concatenate([m, mx.broadcast_to(m[-1:], (N - n, width))], axis=0)
-            rows.append(m)
-        return mx.stack(rows)[:, None]
+                m = mx.concatenate([m, mx.broadcast_to(m[:, -1:], (m.shape[0], N - n, width))], axis=1)
+            out.append(m)
+        return mx.concatenate(out)[:, None]
 
     # A view is not a cache: callers that ask for these get them from the sequences' caches.
     def is_trimmable(self) -> bool:
         return False
 
 
-def _own_mask(cache, n: int, window_size: Optional[int]) -> mx.array:
-    """The boolean mask [n, keys] `cache` gives a pass of its own `n` rows."""
-    mask = cache.make_mask(n, return_array=True, window_size=window_size)
+def _batch_rows(member) -> int:
+    """Batch rows a member fills: one per tree node (a vector of offsets), else one."""
+    offset = member.offset
+    return offset.size if isinstance(offset, mx.array) else 1
+
+
+def _own_mask(member, n: int, window_size: Optional[int]) -> mx.array:
+    """The boolean mask [batch rows, n, keys] `member` gives a pass of its own `n` rows."""
+    mask = member.make_mask(n, return_array=True, window_size=window_size)
     if mask is None or isinstance(mask, str):  # a cache whose mask is implicit: every key, causal
-        offset = cache.offset
+        offset = member.offset
         mask = mx.arange(offset, offset + n)[:, None] >= mx.arange(offset + n)[None]
-    return mask.astype(mx.bool_)
+    mask = mask.astype(mx.bool_)
+    return mask.reshape(-1, *mask.shape[-2:])  # a tree's [nodes, 1, 1, keys]: one row each
 
 
 def stack_right_padded(arrays: list) -> mx.array:

@@ -13,7 +13,6 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from ..pair import Pair
-from ..target.adapter import Undo
 from ..target.caches import WindowKVCache
 from .draft_view import BatchDraftContext
 from .layer_view import BatchLayerView
@@ -33,24 +32,23 @@ def batch_blocker(pair: Pair) -> Optional[str]:
     return None
 
 
-def _padded(rows: Sequence[mx.array], fill: int) -> mx.array:
-    """1-D token arrays -> [N, longest], each right-padded with `fill`."""
-    width = max(r.size for r in rows)
-    return mx.stack([r if r.size == width else mx.pad(r, (0, width - r.size), constant_values=fill) for r in rows])
-
-
-def target_pass(pair: Pair, rows: Sequence[mx.array], caches: Sequence[list]):
-    """Run each sequence's `rows` (its anchor and drafts, or one plain row) through
-    the target in one pass, appending them to its own `caches[i]`.
-    Returns per sequence (logits [n_i, V], features [1, n_i, F] or None, Undo)."""
-    lengths = [r.size for r in rows]
-    tokens = _padded(rows, 0)
-    views = [BatchLayerView([c[j] for c in caches], lengths) for j in range(len(caches[0]))]
+def target_pass(pair: Pair, groups: Sequence[tuple]):
+    """Run every sequence's rows through the target in one pass. `groups[i]` is
+    (tokens [rows, n], layer members): a chain or plain row as [1, n] with the
+    sequence's own target caches (its rows are appended to them), or a tree's
+    nodes as [N, 1] with its `tree_views` (nothing is written; finish_tree does).
+    Returns per group (logits [rows, n, V], features [rows, n, F] or None)."""
+    width = max(t.shape[1] for t, _ in groups)
+    tokens = mx.concatenate([t if t.shape[1] == width else mx.pad(t, [(0, 0), (0, width - t.shape[1])])
+                             for t, _ in groups])
+    lengths = [t.shape[1] for t, _ in groups]
+    views = [BatchLayerView([members[j] for _, members in groups], lengths) for j in range(len(groups[0][1]))]
     logits, features = pair.target(tokens, views, pair.layer_ids)
-    out = []
-    for i, n in enumerate(lengths):
-        f = None if features is None else features[i : i + 1, :n]
-        out.append((logits[i, :n], f, Undo(tokens[i : i + 1, :n], None)))
+    out, at = [], 0
+    for t, _ in groups:
+        rows, n = t.shape
+        out.append((logits[at : at + rows, :n], None if features is None else features[at : at + rows, :n]))
+        at += rows
     return out
 
 
@@ -60,8 +58,8 @@ def draft_pass(pair: Pair, anchors: Sequence[int], blocks: Sequence[int], pendin
     drafter pass; `pending[i]`: features [1, p, F] of its committed rows the drafter has
     not seen (they enter `caches[i]` first). Returns per sequence (hidden [b-1, H], logits [b-1, V])."""
     drafter, target = pair.drafter, pair.target
-    ids = _padded([mx.array([a] + [pair.mask_token_id] * (b - 1), dtype=mx.int32) for a, b in zip(anchors, blocks)],
-                  pair.mask_token_id)
+    width, mask = max(blocks), pair.mask_token_id
+    ids = mx.array([[a] + [mask] * (width - 1) for a in anchors], dtype=mx.int32)  # padding rows are masks too
     counts = [0 if p is None else p.shape[1] for p in pending]
     features = None
     if any(counts):

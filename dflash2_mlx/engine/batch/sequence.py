@@ -12,10 +12,12 @@ from typing import Callable, Optional, Sequence
 import mlx.core as mx
 
 from ..decode.loop import cache_for, check_prompt, commit_outcome, decide, prefill_chunks, row_rule
+from ..decode.profile import CycleProfiler
 from ..decode.state import DecodeCache, DecodeStep, FixedBlock, PendingFeatures
 from ..grammar import GrammarState
 from ..pair import Pair
 from ..sampling import SamplingParams, make_key, make_logprobs_transform, split_key, token_sampler
+from ..tree.cycle import tree_rows_for
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class SequenceSettings:
     logits_processors: Sequence[Callable] = ()
     top_logprobs: Optional[int] = None
     prefill_step_size: Optional[int] = None
+    tree_rows: int = 0  # > 0: verify trees of this many rows (docs/tree.md), at the fixed block
 
 
 class BatchSequence:
@@ -44,7 +47,10 @@ class BatchSequence:
         self.prompt = check_prompt(prompt)
         self.cache = cache_for(self.prompt, pair, prompt_cache)
         self.block = pair.block_size(settings.block_size)
-        self.policy = settings.policy or FixedBlock(self.block)
+        self.tree_rows = tree_rows_for(pair, settings.tree_rows) if pair.drafter is not None else 0
+        # As the single-sequence loop: a tree drafts the fixed block (the cost model is the chain's).
+        self.policy = settings.policy if settings.policy is not None and not self.tree_rows else FixedBlock(self.block)
+        self.profiler = CycleProfiler()
         self.sampling = settings.sampling
         self.transform = make_logprobs_transform(self.sampling)
         self.sample = token_sampler(self.sampling, self.transform)
