@@ -1,4 +1,7 @@
-"""The engine service: one generation at a time on the model, a FIFO queue for the rest.
+"""The engine service: the model's worker thread, and a FIFO queue for what waits.
+
+With `max_batch` > 1 the worker runs requests together (serve/batching.py,
+docs/batching.md); otherwise, or where the pair cannot batch, one at a time.
 
 A single worker thread owns the model. It also loads it, because MLX streams
 belong to the thread that made them (running a model loaded on another thread
