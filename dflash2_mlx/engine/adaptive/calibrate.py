@@ -174,26 +174,30 @@ def batch_costs(pair: Pair, prompt_ids: Sequence[int], short: CostTable) -> Batc
 
 def target_rows_costs(pair: Pair, prompt_ids: Sequence[int], rows: Sequence[int] = BATCH_ROWS, repeats: int = 3,
                       cache: Optional[list] = None) -> dict[int, float]:
-    """Median seconds of one target pass over R rows (the drafter's layers captured, as a
-    verify does) after the prompt, for each R, each undone with `target.rollback`; fitted
-    non-decreasing in R. A target with sliding-window layers can undo at most
-    `max_block + 1` rows: larger R are left to the policy's linear extension."""
+    """Seconds of one target pass over R rows (the drafter's layers captured, as a verify
+    does) after the prompt, for each R, each pass undone with `target.rollback`; fitted
+    non-decreasing in R. `cache`: an empty target cache to use (default: a new one).
+    The sizes take turns, round after round, and each keeps its fastest round: another
+    process only ever adds time, and a busy spell that hit one size and not the next
+    would bend the table the policy compares sizes by (the online scales correct the level).
+    A target with sliding-window layers can undo at most `max_block + 1` rows: larger R
+    are left to the policy's linear extension."""
     target = pair.target
     cache = target.make_cache() if cache is None else cache
     mx.eval(target(mx.array([list(prompt_ids)]), cache, pair.layer_ids, last_logits_only=True)[0])
     room = target.max_block + 1 if target.has_window_layers else max(rows)
     ids = list(prompt_ids) * (max(rows) // max(len(prompt_ids), 1) + 1)
-    seconds = {}
-    for R in (R for R in rows if R <= room):
-        tokens, times = mx.array([ids[:R]]), []
-        for i in range(repeats + 1):  # the first builds this shape's graph: not timed
+    sizes = [R for R in rows if R <= room]
+    seconds = {R: float("inf") for R in sizes}
+    for round_ in range(repeats + 1):  # round 0 builds each shape's graph: not timed
+        for R in sizes if round_ % 2 else sizes[::-1]:
+            tokens = mx.array([ids[:R]])
             start = time.perf_counter()
             logits, features, undo = target.forward_undoable(tokens, cache, pair.layer_ids)
             mx.eval([a for a in (logits, features) if a is not None])
-            if i:
-                times.append(time.perf_counter() - start)
+            if round_:
+                seconds[R] = min(seconds[R], time.perf_counter() - start)
             target.rollback(cache, undo, 0)
-        seconds[R] = statistics.median(times)
     return _non_decreasing(seconds)
 
 
