@@ -10,7 +10,7 @@ import pytest
 from dflash2_mlx.engine.adaptive.acceptance import AcceptanceEstimate
 from dflash2_mlx.engine.adaptive.batch_policy import BatchCosts, BatchPolicy, SequenceView
 from dflash2_mlx.engine.adaptive.calibrate import BATCH_ROWS, _non_decreasing, target_rows_costs
-from dflash2_mlx.engine.adaptive.costs import CostTable
+from dflash2_mlx.engine.adaptive.costs import ContextCosts, CostTable
 from dflash2_mlx.engine.adaptive.policy import BlockPolicy
 
 MS = 1e-3
@@ -47,6 +47,38 @@ def test_one_sequence_chooses_what_block_policy_would(max_block):
         assert batch.choose([seq(alpha, max_block=max_block)]) == [block]
         drafted, plained = drafted + (block > 1), plained + (block == 1)
     assert drafted > 20 and plained > 20  # both answers were asked for
+
+
+def test_one_sequence_at_a_long_context_chooses_what_block_policy_would_there():
+    """BlockPolicy interpolates its tables in the context; the batch costs hold the short
+    table and what each block adds per context token: the same costs, the same answer."""
+    rng = random.Random(2)
+    drafted = plained = 0
+    for _ in range(200):
+        short_c, long_c = 100, 2048
+        plain = rng.uniform(2, 20) * MS
+        verify = {B: plain + rng.uniform(0.02, 0.5) * plain * (B - 1) for B in (2, 4, 8, 16)}
+        draft = {B: rng.uniform(0, 0.3) * plain + 0.01 * plain * B for B in (2, 4, 8, 16)}
+        grow = {B: rng.uniform(0, 3) * (1 + rng.uniform(0, 0.3) * B) for B in (1, 2, 4, 8, 16)}  # x at long_c
+        long = CostTable(plain * grow[1] + plain, {B: v + plain * grow[B] for B, v in verify.items()}, draft)
+        per = {B: plain * g / (long_c - short_c) for B, g in grow.items()}
+        context, alpha = rng.choice([50, 1000, 2048, 6000]), rng.uniform(0.2, 0.98)
+        policy = BlockPolicy(ContextCosts({short_c: CostTable(plain, verify, draft), long_c: long}), 16,
+                             AcceptanceEstimate(15, [alpha]))
+        block = policy.choose(100, context=context).block
+        batch = BatchPolicy(BatchCosts({1: plain, **verify}, draft, per_context=per, context_from=short_c))
+        assert batch.choose([seq(alpha, context=context)]) == [block]
+        drafted, plained = drafted + (block > 1), plained + (block == 1)
+    assert drafted > 20 and plained > 20
+
+
+def test_a_long_conversation_runs_plain_beside_a_short_one_that_drafts():
+    # Every context token costs each row of its sequence 2 us (attention that grows with rows x context).
+    costs = BatchCosts(MIDDLE.target, MIDDLE.draft, per_context={1: 0.002 * MS, 16: 0.032 * MS}, context_from=100)
+    blocks = BatchPolicy(costs).choose([seq(0.7, context=100), seq(0.7, context=16000)])
+    assert blocks[0] > 1 and blocks[1] == 1
+    # Without the context costs both would draft.
+    assert all(b > 1 for b in BatchPolicy(MIDDLE).choose([seq(0.7, context=100), seq(0.7, context=16000)]))
 
 
 def test_where_a_pass_costs_about_the_same_at_any_size_everybody_drafts():
@@ -118,7 +150,8 @@ def test_never_below_the_batch_decoding_plainly():
         d0, dr = rng.uniform(0, 10) * MS, rng.uniform(0, 2) * MS
         costs = BatchCosts(table, {D: d0 + dr * D for D in (2, 4, 8, 16)}, rng.uniform(0, 3) * MS)
         seqs = [SequenceView(rng.randint(1, 8), 10, rng.randint(1, 6),
-                             AcceptanceEstimate(5, [rng.uniform(0, 1) for _ in range(5)])) for _ in range(rng.randint(1, 3))]
+                             AcceptanceEstimate(5, [rng.uniform(0, 1) for _ in range(5)]))
+                for _ in range(rng.randint(1, 3))]
         policy = BatchPolicy(costs)
         blocks = policy.choose(seqs)
         chosen, plain = policy.rate(seqs, blocks), plain_rate(policy, seqs)
@@ -168,12 +201,14 @@ def test_observed_passes_move_the_choice():
 
 
 def test_batch_costs_interpolate_extend_and_round_trip():
-    costs = BatchCosts({1: 1.0, 2: 1.5, 64: 32.5}, {2: 0.5, 16: 1.2}, 0.1)
+    costs = BatchCosts({1: 1.0, 2: 1.5, 64: 32.5}, {2: 0.5, 16: 1.2}, 0.1, {1: 0.01, 16: 0.16}, 100)
+    assert costs.context_cost(4, 50) == 0.0 and costs.context_cost(4, 200) == pytest.approx(4.0)
     assert costs.draft_cost(0) == 0.0 and costs.draft_cost(9) == pytest.approx(0.85)
     assert costs.target_cost(128) == pytest.approx(64.5)  # extended linearly from the last two
     assert costs.pass_cost(4, 2) == pytest.approx(costs.target_cost(4) + 0.5 + 0.1)
     assert BatchCosts.from_dict(costs.to_dict()) == costs
     assert costs.scaled(2.0).pass_cost(4, 2) == pytest.approx(2 * costs.pass_cost(4, 2))
+    assert costs.scaled(2.0).context_cost(4, 200) == pytest.approx(8.0)
     with pytest.raises(ValueError):
         BatchCosts({}, {2: 1.0})
     # A pair without a drafter pass measured never drafts.

@@ -56,7 +56,7 @@ def test_a_good_pair_passes_when_acceptance_is_not_required(cli):
     # A batched cycle's cost against the total rows in it, and what the batch policy would run.
     batch = costs["batch"]
     assert set(batch["target_s"]) == {"1", "2", "4", "8", "16", "32", "64"} and batch["overhead_s"] >= 0
-    assert {(COSTS, "1 row"), (COSTS, "64 rows"), (COSTS, "batch policy")} <= set(statuses)
+    assert {(COSTS, "1 row"), (COSTS, "64 rows"), (COSTS, "batch by context"), (COSTS, "batch policy")} <= set(statuses)
     assert statuses[("Acceptance self-test", "parity")] == "ok"
     kernels = record["sections"][0]["data"]["kernels"]
     assert set(kernels) == {"two_tap_conv", "path_select"} and set(kernels.values()) <= {"kernel", "twin"}

@@ -16,7 +16,7 @@ and never a choice expected to commit less per second than the batch decoding
 plainly. Pure Python (no MLX): tested with injected tables, like policy.py.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from .acceptance import AcceptanceEstimate
@@ -63,13 +63,20 @@ class BatchCosts:
     `target`: one target pass over R rows in total (every sequence's rows,
     drafted blocks and plain rows alike); `draft`: one drafter pass (with the
     walk that turns it into tokens) over D drafted rows in total, 0 s for none;
-    `overhead`: per cycle (the host sync, bookkeeping). Sizes between measured
+    `overhead`: per cycle (the host sync, bookkeeping). Those three are measured
+    at a short context. `per_context`: what one sequence's b rows add per token of
+    its context past `context_from` (b = 1: a plain row; b >= 2: a drafted block,
+    target and drafter pass together): every step reads its sequence's whole
+    cache, so a long conversation's block costs more than a short one's (empty:
+    not measured, every context costs as the short one). Sizes between measured
     ones are interpolated, beyond them extended linearly (costs._interpolate).
     """
 
     target: dict[int, float]
     draft: dict[int, float]
     overhead: float = 0.0
+    per_context: dict[int, float] = field(default_factory=dict)
+    context_from: int = 0
 
     def __post_init__(self):
         if not self.target or any(s <= 0 for s in self.target.values()) or self.overhead < 0:
@@ -85,21 +92,37 @@ class BatchCosts:
         return _interpolate(self.draft, rows) if self.draft else float("inf")
 
     def pass_cost(self, rows: int, drafted_rows: int) -> float:
-        """Seconds of a cycle with `rows` target rows, `drafted_rows` of them drafted blocks."""
+        """Seconds of a cycle with `rows` target rows, `drafted_rows` of them drafted blocks
+        (every sequence at the short context)."""
         return self.target_cost(rows) + self.draft_cost(drafted_rows) + self.overhead
 
+    def context_cost(self, block: int, context: int) -> float:
+        """What a sequence at `context` tokens adds to a cycle with its `block` rows, beyond
+        the same rows at the short context."""
+        extra = context - self.context_from
+        return extra * _interpolate(self.per_context, block) if extra > 0 and self.per_context else 0.0
+
     def scaled(self, factor: float) -> "BatchCosts":
-        return BatchCosts({R: s * factor for R, s in self.target.items()},
-                          {D: s * factor for D, s in self.draft.items()}, self.overhead * factor)
+        def column(points):
+            return {n: s * factor for n, s in points.items()}
+
+        return BatchCosts(column(self.target), column(self.draft), self.overhead * factor,
+                          column(self.per_context), self.context_from)
 
     def to_dict(self) -> dict:
-        return {"target_s": {str(R): s for R, s in sorted(self.target.items())},
-                "draft_s": {str(D): s for D, s in sorted(self.draft.items())}, "overhead_s": self.overhead}
+        def column(points):
+            return {str(n): s for n, s in sorted(points.items())}
+
+        return {"target_s": column(self.target), "draft_s": column(self.draft), "overhead_s": self.overhead,
+                "per_context_s": column(self.per_context), "context_from": self.context_from}
 
     @classmethod
     def from_dict(cls, d: dict) -> "BatchCosts":
-        return cls({int(R): float(s) for R, s in d["target_s"].items()},
-                   {int(D): float(s) for D, s in d["draft_s"].items()}, float(d.get("overhead_s", 0.0)))
+        def column(key):
+            return {int(n): float(s) for n, s in d.get(key, {}).items()}
+
+        return cls(column("target_s"), column("draft_s"), float(d.get("overhead_s", 0.0)),
+                   column("per_context_s"), int(d.get("context_from", 0)))
 
 
 class BatchPolicy:
@@ -130,14 +153,18 @@ class BatchPolicy:
         self.drafting = True  # the last choice drafted (a free sequence's block >= 2)
         self._target: list[float] = [0.0]  # unscaled seconds by rows (_tables)
         self._draft: list[float] = [0.0]
+        self._per_token: list[float] = []  # unscaled per_context by block (_context_costs)
+        self._chosen_context = 0.0  # what the contexts add to the cycle `choose` last answered for
         self._last_kind: Optional[str] = None  # the kind of the last observed pass
         self._chosen_at: Optional[float] = None  # the clock when `choose` last answered
 
     # -- the model --------------------------------------------------------------------
-    def pass_cost(self, rows: int, drafted_rows: int) -> float:
-        """Predicted seconds of a cycle, with the learned scales."""
+    def pass_cost(self, rows: int, drafted_rows: int, context: float = 0.0) -> float:
+        """Predicted seconds of a cycle, with the learned scales; `context`: what the
+        sequences' contexts add (unscaled seconds, `_context_costs`)."""
         T, D = self._tables(rows, drafted_rows)
-        return (T[rows] + D[drafted_rows] + self.costs.overhead) * self.scale["spec" if drafted_rows else "plain"]
+        cost = T[rows] + D[drafted_rows] + self.costs.overhead + context
+        return cost * self.scale["spec" if drafted_rows else "plain"]
 
     def _tables(self, rows: int, drafted_rows: int) -> tuple[list[float], list[float]]:
         """Unscaled seconds of a target pass by rows and of a drafter pass by drafted rows, each
@@ -149,9 +176,18 @@ class BatchPolicy:
             D.append(self.costs.draft_cost(len(D)))
         return T, D
 
+    def _context_costs(self, seqs: Sequence[SequenceView], E: list) -> list[list[float]]:
+        """Per sequence and block (as E is indexed), the unscaled seconds its context adds."""
+        K, longest = self._per_token, max(len(Ei) for Ei in E)
+        while len(K) < longest:
+            K.append(self.costs.context_cost(len(K), self.costs.context_from + 1))
+        return [[extra * k for k in K[:len(Ei)]] if (extra := s.context - self.costs.context_from) > 0
+                else [0.0] * len(Ei) for s, Ei in zip(seqs, E)]
+
     def rate(self, seqs: Sequence[SequenceView], blocks: Sequence[int]) -> float:
         """Expected committed tokens per second of `blocks` for `seqs`."""
-        return self._rate_of([s.expected() for s in seqs], blocks)
+        E = [s.expected() for s in seqs]
+        return self._rate_of(E, self._context_costs(seqs, E), blocks)
 
     # -- the engine's calls ---------------------------------------------------------------
     def choose(self, seqs: Sequence[SequenceView]) -> list[int]:
@@ -161,14 +197,19 @@ class BatchPolicy:
         plain = [s.fixed if s.fixed is not None else 1 for s in seqs]
         free = [i for i, s in enumerate(seqs) if s.fixed is None and s.top() >= 2]
         if not free:
+            self._chosen_context = sum(self._context_costs(seqs, [s.expected() for s in seqs])[i][b]
+                                       for i, b in enumerate(plain))
             return plain
         E = [s.expected() for s in seqs]
-        plain_rate = self._rate_of(E, plain)
-        blocks, rate = self._search(seqs, E, free, plain, plain_rate)
+        C = self._context_costs(seqs, E)
+        plain_rate = self._rate_of(E, C, plain)
+        blocks, rate = self._search(seqs, E, C, free, plain, plain_rate)
         # Never below the batch decoding plainly; start drafting only when it wins by `margin`.
         bar = plain_rate if self.drafting else plain_rate * (1.0 + self.margin)
         self.drafting = rate > bar and blocks != plain
-        return blocks if self.drafting else plain
+        blocks = blocks if self.drafting else plain
+        self._chosen_context = sum(C[i][b] for i, b in enumerate(blocks))
+        return blocks
 
     def observe_pass(self, rows: int, drafted_rows: int, seconds: Optional[float] = None) -> None:
         """What the cycle just run took: `rows` target rows, `drafted_rows` of them drafted, in
@@ -180,14 +221,14 @@ class BatchPolicy:
                 return
             seconds = self.clock() - self._chosen_at
         kind = "spec" if drafted_rows else "plain"
-        predicted = self.pass_cost(rows, drafted_rows) / self.scale[kind]
+        predicted = self.pass_cost(rows, drafted_rows, self._chosen_context) / self.scale[kind]
         ratio = min(max(seconds / predicted, RATIO_BOUNDS[0]), RATIO_BOUNDS[1])
         weight = self.cost_weight if self._last_kind in (None, kind) else FRESH_WEIGHT
         self.scale[kind] += weight * (ratio - self.scale[kind])
         self._last_kind = kind
 
     # -- the search ---------------------------------------------------------------------
-    def _search(self, seqs, E, free, start, start_rate) -> tuple[list[int], float]:
+    def _search(self, seqs, E, C, free, start, start_rate) -> tuple[list[int], float]:
         """The best way of drafting found: every free sequence at one block b (capped at its
         top), the best b, then coordinate ascent; its blocks and rate, or `start`'s where
         that is better. The ascent starts from the best drafting start even where that loses
@@ -200,41 +241,45 @@ class BatchPolicy:
             trial = list(start)
             for i in free:
                 trial[i] = b if b < tops[i] else tops[i]
-            r = self._rate_of(E, trial)
+            r = self._rate_of(E, C, trial)
             if r > rate:
                 best, rate = trial, r
         if best is None:  # nothing can draft (no drafter pass was measured)
             return list(start), start_rate
-        blocks, rate = self._ascend(E, free, tops, best, rate)
+        blocks, rate = self._ascend(E, C, free, tops, best, rate)
         return (blocks, rate) if rate > start_rate else (list(start), start_rate)
 
-    def _rate_of(self, E, blocks) -> float:
+    def _rate_of(self, E, C, blocks) -> float:
         tokens = sum(E[i][b] for i, b in enumerate(blocks))
-        return tokens / self.pass_cost(sum(blocks), sum(b for b in blocks if b >= 2))
+        context = sum(C[i][b] for i, b in enumerate(blocks))
+        return tokens / self.pass_cost(sum(blocks), sum(b for b in blocks if b >= 2), context)
 
-    def _ascend(self, E, free, tops, blocks, rate) -> tuple[list[int], float]:
+    def _ascend(self, E, C, free, tops, blocks, rate) -> tuple[list[int], float]:
         """Give each free sequence in turn the block that most raises the batch's rate with
         the others held, until a round changes nothing (sums kept, so a try is O(1))."""
         tokens = sum(E[i][b] for i, b in enumerate(blocks))
+        context = sum(C[i][b] for i, b in enumerate(blocks))
         rows, drafted = sum(blocks), sum(b for b in blocks if b >= 2)
         T, D = self._tables(rows + sum(tops), drafted + sum(tops))
         overhead, plain, spec = self.costs.overhead, self.scale["plain"], self.scale["spec"]
         for _ in range(MAX_ROUNDS):
             moved = False
             for i in free:
-                b0, Ei = blocks[i], E[i]
-                t0, r0, d0 = tokens - Ei[b0], rows - b0, drafted - (b0 if b0 >= 2 else 0)
+                b0, Ei, Ci = blocks[i], E[i], C[i]
+                t0, c0, r0 = tokens - Ei[b0], context - Ci[b0] + overhead, rows - b0
+                d0 = drafted - (b0 if b0 >= 2 else 0)
                 best, best_rate = b0, rate
                 for b in range(1, tops[i] + 1):
                     if b == b0:
                         continue
                     d = d0 + b if b >= 2 else d0
-                    r = (t0 + Ei[b]) / ((T[r0 + b] + D[d] + overhead) * (spec if d else plain))
+                    r = (t0 + Ei[b]) / ((T[r0 + b] + D[d] + c0 + Ci[b]) * (spec if d else plain))
                     if r > best_rate:
                         best, best_rate = b, r
                 if best != b0:
                     blocks[i], rate, moved = best, best_rate, True
-                    tokens, rows, drafted = t0 + Ei[best], r0 + best, d0 + (best if best >= 2 else 0)
+                    tokens, context = t0 + Ei[best], c0 - overhead + Ci[best]
+                    rows, drafted = r0 + best, d0 + (best if best >= 2 else 0)
             if not moved:
                 break
         return blocks, rate

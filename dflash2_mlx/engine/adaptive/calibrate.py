@@ -160,16 +160,29 @@ def measure(pair: Pair, prompt_ids: Sequence[int], sizes: Sequence[int] = SIZES,
     long = long_context(pair, len(prompt_ids)) if long == -1 else long
     if long:
         tables[long], _ = _costs_at(pair, prompt_ids, sizes, cycles, _read_context(pair, prompt_ids, long))
-    return Calibration(ContextCosts(tables), acceptance, calibration_key(pair), batch=batch_costs(pair, prompt_ids, short))
+    batch = batch_costs(pair, prompt_ids, tables)
+    return Calibration(ContextCosts(tables), acceptance, calibration_key(pair), batch=batch)
 
 
-def batch_costs(pair: Pair, prompt_ids: Sequence[int], short: CostTable) -> BatchCosts:
+def batch_costs(pair: Pair, prompt_ids: Sequence[int], tables: dict[int, CostTable]) -> BatchCosts:
     """A batched cycle's parts after the prompt: the target pass by total rows (timed
     now), the drafter pass by drafted rows (the short table's, timed per block size:
-    a batch drafts every sequence's block in one pass), and the rest of a plain
-    step as the per-cycle overhead (the loop's bookkeeping and host sync)."""
+    a batch drafts every sequence's block in one pass), the rest of a plain step as the
+    per-cycle overhead (the loop's bookkeeping and host sync), and, from the short and
+    the long table, what each block size adds per context token (a plain step's growth
+    for one row, verify + draft's for a block), never negative (noise)."""
+    contexts = sorted(tables)
+    short = tables[contexts[0]]
     target = target_rows_costs(pair, prompt_ids)
-    return BatchCosts(target, dict(short.draft), max(short.plain - target[1], 0.0))
+    per_context = {}
+    if len(contexts) > 1:
+        long, span = tables[contexts[-1]], contexts[-1] - contexts[0]
+        per_context[1] = max(long.plain - short.plain, 0.0) / span
+        for B in sorted(set(short.verify) & set(long.verify)):
+            grown = long.verify[B] + long.draft[B] - short.verify[B] - short.draft[B]
+            per_context[B] = max(grown, 0.0) / span
+        per_context = _non_decreasing(per_context)
+    return BatchCosts(target, dict(short.draft), max(short.plain - target[1], 0.0), per_context, contexts[0])
 
 
 def target_rows_costs(pair: Pair, prompt_ids: Sequence[int], rows: Sequence[int] = BATCH_ROWS, repeats: int = 3,

@@ -133,6 +133,11 @@ def batch_findings(cal, max_block: int) -> list:
                                 f"target pass {1e3 * seconds:.2f} ms ({seconds / one:.1f}x one row){draft}"))
     findings.append(Finding("batch overhead", "info", f"{1e3 * costs.overhead:.2f} ms a cycle (a plain step "
                                                       "less its target pass)"))
+    if costs.per_context:
+        grow = ", ".join(f"{B}: {1e6 * s:.2f}" for B, s in sorted(costs.per_context.items()))
+        findings.append(Finding("batch by context", "info", f"what one sequence's rows add per token of its context "
+                                                            f"past {costs.context_from}, in microseconds, by its "
+                                                            f"block (1 = a plain row): {grow}"))
     choices = []
     for n in BATCH_SIZES:
         seqs = [SequenceView(256, 0, max_block, AcceptanceEstimate(max_block - 1, cal.acceptance))] * n
