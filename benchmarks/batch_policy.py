@@ -13,11 +13,15 @@
 3. Calibration: the rows sweep (`calibrate.target_rows_costs`, a target pass over
    1..64 rows after the calibration prompt) on the built-in pair, timed alone and
    with the whole `calibrate.measure`, and the batch costs and choices it gives.
+
+The machine's load average is recorded before and after: on a shared machine
+every timing here moves with it (run it on a quiet one to compare runs).
 """
 
 import argparse
 import itertools
 import json
+import os
 import platform
 import random
 import statistics
@@ -109,8 +113,11 @@ def main(argv=None):
     ap.add_argument("--cases", type=int, default=3000)
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args(argv)
+    load_before = os.getloadavg()
     record = {"backend": backend_name(), "machine": platform.machine(), "python": platform.python_version(),
-              "speed": speed(args.calls), "search": search_quality(args.cases), "calibration": calibration()}
+              "cpus": os.cpu_count(), "speed": speed(args.calls), "search": search_quality(args.cases),
+              "calibration": calibration()}
+    record["load_average_before_after"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
     args.json.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.json, json.dumps(record, indent=1) + "\n")
     print(json.dumps({k: record[k] for k in ("speed", "search")}, indent=1))
