@@ -119,8 +119,9 @@ def test_fixed_blocks_are_kept_and_the_others_still_choose():
     seqs = [seq(0.05, fixed=4), seq(0.95, fixed=1), seq(0.9), seq(0.9, max_block=1)]
     blocks = BatchPolicy(GPU).choose(seqs)
     assert blocks[:2] == [4, 1] and blocks[2] >= 4 and blocks[3] == 1
-    # Only fixed sequences: their blocks as they are, whatever the costs say.
+    # Only fixed sequences: their blocks as they are, whatever the costs say; nobody: nothing.
     assert BatchPolicy(LINEAR).choose(seqs[:2]) == [4, 1]
+    assert BatchPolicy(LINEAR).choose([]) == []
 
 
 def test_tokens_left_caps_blocks():

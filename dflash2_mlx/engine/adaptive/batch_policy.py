@@ -9,9 +9,10 @@ the rows drafting adds cost more than they commit and the batch decodes plainly.
 Each cycle the policy picks the blocks b_i that maximise the batch's expected
 committed tokens per second,
 
-    sum_i E_i(b_i) / (target(sum_i b_i) + draft(sum_{b_i >= 2} b_i) + overhead),
+    sum_i E_i(b_i) / (target(sum_i b_i) + draft(sum_{b_i >= 2} b_i) + overhead + sum_i ctx_i(b_i)),
 
-with E_i(1) = 1 and E_i(b) the expected tokens of a b-row block (acceptance.py),
+with E_i(1) = 1, E_i(b) the expected tokens of a b-row block (acceptance.py)
+and ctx_i(b) what sequence i's context adds to its b rows (BatchCosts.per_context),
 and never a choice expected to commit less per second than the batch decoding
 plainly. Pure Python (no MLX): tested with injected tables, like policy.py.
 """
@@ -194,6 +195,8 @@ class BatchPolicy:
         """One block per sequence (1: a plain row), for the cycle the engine runs now."""
         if self.clock is not None:
             self._chosen_at = self.clock()
+        if not seqs:
+            return []
         plain = [s.fixed if s.fixed is not None else 1 for s in seqs]
         free = [i for i, s in enumerate(seqs) if s.fixed is None and s.top() >= 2]
         if not free:
