@@ -216,6 +216,16 @@ def test_batch_costs_interpolate_extend_and_round_trip():
     assert BatchPolicy(BatchCosts({1: 1.0, 64: 1.1}, {})).choose([seq(0.99)]) == [1]
 
 
+def test_a_calibration_without_the_rows_sweep_reads_its_short_table():
+    from dflash2_mlx.engine.adaptive.calibrate import Calibration
+
+    for alpha in (0.2, 0.9):
+        cal = Calibration(CostTable(10 * MS, {2: 13 * MS, 16: 30 * MS}, {2: 1 * MS, 16: 3 * MS}), [alpha], key={})
+        assert cal.batch is None
+        assert cal.batch_policy().choose([seq(alpha)]) == [cal.policy(16).choose(100).block]
+    assert cal.policy(16).choose(100).block > 1  # 0.9 drafts and 0.2 runs plain: both answers asked for
+
+
 def test_calibration_rows_sweep_on_a_tiny_pair():
     from dflash2_mlx.engine.pair import Pair
     from helpers import load_pair_for
