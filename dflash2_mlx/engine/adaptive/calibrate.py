@@ -197,7 +197,7 @@ def target_rows_costs(pair: Pair, prompt_ids: Sequence[int], rows: Sequence[int]
     are left to the policy's linear extension."""
     target = pair.target
     cache = target.make_cache() if cache is None else cache
-    mx.eval(target(mx.array([list(prompt_ids)]), cache, pair.layer_ids, last_logits_only=True)[0])
+    mx.eval(target(mx.array([list(prompt_ids)]), cache, (), last_logits_only=True)[0])  # the short context
     room = target.max_block + 1 if target.has_window_layers else max(rows)
     ids = list(prompt_ids) * (max(rows) // max(len(prompt_ids), 1) + 1)
     sizes = [R for R in rows if R <= room]
