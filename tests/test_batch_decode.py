@@ -203,3 +203,57 @@ def test_batched_sampling_matches_the_target_distribution():
             counts[tuple(toks[:3])] = counts.get(tuple(toks[:3]), 0) + 1
     p = gof_pvalue(counts, exact_distribution(target, settings), n=n)
     assert p > ALPHA, f"chi-square p = {p:.2e}"
+
+
+def _policy_run(pair, costs, n, calibration_acceptance=(0.9, 0.8, 0.7)):
+    """`n` auto sequences under a batch policy with `costs`; (tokens per sequence,
+    blocks of each pass)."""
+    from dflash2_mlx.engine.adaptive.acceptance import AcceptanceEstimate
+    from dflash2_mlx.engine.adaptive.batch_policy import BatchPolicy
+    from dflash2_mlx.engine.adaptive.policy import BlockPolicy
+
+    requests = _requests(pair.target.vocab_size, seed=8)[:n]
+    decoder, seqs, passes = BatchDecoder(pair, max_batch=8, policy=BatchPolicy(costs)), [], []
+    B = pair.max_block_size
+    for r in requests:
+        own = BlockPolicy(_SOLO, B, AcceptanceEstimate(B - 1, list(calibration_acceptance)))
+        seqs.append(decoder.add(r["prompt"], SequenceSettings(max_tokens=r["max_tokens"], policy=own,
+                                                              batch_decides=True, prefill_step_size=STEP)))
+    got = {id(s): [] for s in seqs}
+    while any(not s.finished for s in seqs):
+        before = decoder.passes
+        for s, st in decoder.step():
+            got[id(s)].extend(st.tokens)
+        if decoder.passes > before:
+            passes.append(list(decoder.last_blocks))
+    for s, r in zip(seqs, requests):
+        assert got[id(s)] == _alone(pair, dict(r, block=None, tree=0))
+    return passes
+
+
+MS = 1e-3
+_ROWS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _solo_costs():
+    from dflash2_mlx.engine.adaptive.costs import CostTable
+
+    return CostTable(10 * MS, {2: 11 * MS, 16: 12 * MS}, {2: 1 * MS, 16: 2 * MS})
+
+
+_SOLO = _solo_costs()
+
+
+def test_the_batch_policy_drafts_where_passes_are_cheap_and_decodes_plainly_where_rows_cost():
+    """Same sequences, same tokens; a GPU-like table (a 64-row pass ~1.6x one row) has
+    every sequence draft, a CPU-like one (cost linear in rows, poor acceptance) has the
+    batch decode plainly."""
+    from dflash2_mlx.engine.adaptive.batch_policy import BatchCosts
+
+    pair = _pair("qwen3")
+    gpu = BatchCosts({R: (10 + 0.1 * (R - 1)) * MS for R in _ROWS}, {2: 1 * MS, 16: 2 * MS})
+    cpu = BatchCosts({R: 10 * R * MS for R in _ROWS}, {2: 5 * MS, 16: 40 * MS})
+    drafted = _policy_run(pair, gpu, 4)
+    plain = _policy_run(pair, cpu, 4, calibration_acceptance=(0.2, 0.05))
+    assert all(b >= 2 for b in drafted[0]) and sum(max(p) > 1 for p in drafted) > len(drafted) // 2
+    assert all(max(p) == 1 for p in plain)

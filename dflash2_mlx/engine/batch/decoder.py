@@ -20,6 +20,7 @@ from typing import Optional
 import mlx.core as mx
 
 from ...errors import DFlashError
+from ..adaptive.batch_policy import SequenceView
 from ..decode.verify import accept_greedy, accept_sampled
 from ..decode.constrained import grammar_propose
 from ..decode.state import CycleOutcome, DecodeCache, DecodeStep, LastVerify
@@ -48,6 +49,7 @@ class BatchDecoder:
         self.sequences: list[BatchSequence] = []
         self.passes = 0  # batched target passes run
         self.last_pass: tuple[int, int] = (0, 0)  # (sequences, rows) of the latest pass
+        self.last_blocks: list[int] = []  # each sequence's block in it (1: a plain row)
 
     # -- joining and leaving ------------------------------------------------------------
     def add(self, prompt, settings: SequenceSettings = SequenceSettings(),
@@ -88,11 +90,11 @@ class BatchDecoder:
         return out
 
     def _cycle(self, seqs: list[BatchSequence]) -> list[DecodeStep]:
-        blocks = self._blocks(seqs)
+        tic = time.perf_counter()
+        blocks, chosen = self._blocks(seqs)
         for s in seqs:
             s.largest_batch = max(s.largest_batch, len(seqs))
         keys = [s.next_keys(b > 1) for s, b in zip(seqs, blocks)]
-        tic = time.perf_counter()
         drafts = self._draft(seqs, blocks, keys)
         groups = [_group(s, d) for s, d in zip(seqs, drafts)]
         passes = target_pass(self.pair, groups)
@@ -111,25 +113,24 @@ class BatchDecoder:
                 outcome = self._outcome(s, d, (p[0][0], None if p[1] is None else p[1][:1], g[0]),
                                         fetched.pop(0))
             steps.append(s.commit(outcome, plain=d is None))
-        if self.policy is not None and hasattr(self.policy, "observe_pass"):
+        if chosen:  # what the cycle the policy chose took: it corrects its costs by it
             drafted_rows = sum(b for b in blocks if b > 1)
             self.policy.observe_pass(self.last_pass[1], drafted_rows, time.perf_counter() - tic)
+        self.last_blocks = blocks
         return steps
 
-    def _blocks(self, seqs: list[BatchSequence]) -> list[int]:
-        """Each sequence's block this cycle (1: a plain row)."""
+    def _blocks(self, seqs: list[BatchSequence]) -> tuple[list[int], bool]:
+        """Each sequence's block this cycle (1: a plain row), and whether the batch policy chose them."""
         own = [s.choice.block if s.choice is not None else 1 for s in seqs]
         if self.pair.drafter is None:
-            return [1] * len(seqs)
+            return [1] * len(seqs), False
         free = [i for i, s in enumerate(seqs) if s.settings.batch_decides and s.rule is None and not s.tree_rows]
         if self.policy is None or not free:
-            return own
-        from ..adaptive.batch_policy import SequenceView  # the policy module stays free of MLX
-
+            return own, False
         views = [SequenceView(tokens_left=s.left, context=s.context, max_block=s.block,
                               acceptance=s.acceptance(), fixed=None if i in free else own[i])
                  for i, s in enumerate(seqs)]
-        return list(self.policy.choose(views))
+        return list(self.policy.choose(views)), True
 
     def _draft(self, seqs, blocks, keys) -> list:
         """Per sequence: None (a plain row), (proposal, grammar masks), or a PlannedTree."""
