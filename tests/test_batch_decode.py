@@ -257,3 +257,14 @@ def test_the_batch_policy_drafts_where_passes_are_cheap_and_decodes_plainly_wher
     plain = _policy_run(pair, cpu, 4, calibration_acceptance=(0.2, 0.05))
     assert all(b >= 2 for b in drafted[0]) and sum(max(p) > 1 for p in drafted) > len(drafted) // 2
     assert all(max(p) == 1 for p in plain)
+
+
+def test_the_default_batch_is_what_the_caches_fit_in_a_quarter_of_the_memory():
+    from dflash2_mlx.engine.batch.memory import DEFAULT_MOST, default_max_batch, sequence_cache_bytes
+
+    pair = _pair("qwen3")
+    one = sequence_cache_bytes(pair, 2048)  # the look-alike's context
+    assert one > 0 and sequence_cache_bytes(pair, 4096) == 2 * one
+    assert default_max_batch(pair, memory=4 * one * 3) == 3
+    assert default_max_batch(pair, memory=one) == 1  # never below one request
+    assert default_max_batch(pair, memory=1 << 50) == DEFAULT_MOST

@@ -1,10 +1,8 @@
 """How many sequences fit: the default `--max-batch` from the memory their caches need."""
 
-import os
 from typing import Optional
 
-import mlx.core as mx
-
+from ...device import device_memory_bytes
 from ..pair import Pair
 from ..target.context import context_limit
 
@@ -13,21 +11,9 @@ from ..target.context import context_limit
 DEFAULT_MOST, MEMORY_SHARE, DEFAULT_CONTEXT = 8, 0.25, 4096
 
 
-def machine_memory() -> Optional[int]:
-    """Bytes of memory the device can use: the GPU's working set on Metal, else the machine's RAM."""
-    info = mx.device_info() if hasattr(mx, "device_info") else {}
-    for key in ("max_recommended_working_set_size", "memory_size"):
-        if info.get(key):
-            return int(info[key])
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def sequence_cache_bytes(pair: Pair, context: int) -> int:
-    """Bytes of one sequence's target and drafter KV caches at `context` tokens
-    (sliding layers hold their window, recurrent ones a fixed state, counted as none)."""
+    """Bytes of one sequence's target and drafter KV caches at `context` tokens, as if
+    every layer kept every row (an upper bound where sliding or recurrent layers keep less)."""
     args = pair.target.args
     heads = getattr(args, "num_key_value_heads", None) or args.num_attention_heads
     head_dim = getattr(args, "head_dim", None) or args.hidden_size // args.num_attention_heads
@@ -43,7 +29,7 @@ def sequence_cache_bytes(pair: Pair, context: int) -> int:
 def default_max_batch(pair: Pair, memory: Optional[int] = None) -> int:
     """The sequences whose caches, at the target's context (at most DEFAULT_CONTEXT
     tokens each), fit in MEMORY_SHARE of `memory`; between 1 and DEFAULT_MOST."""
-    memory = memory if memory is not None else machine_memory()
+    memory = memory if memory is not None else device_memory_bytes()
     if not memory:
         return 1
     context = min(context_limit(pair.target) or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
