@@ -36,7 +36,13 @@ CacheBytes = Annotated[
 CacheDiskBytes = Annotated[
     str, typer.Option("--cache-disk-bytes", help="Disk bound of --cache-dir, e.g. 16GB (least recently used blocks go first)."),
 ]
-MaxQueue = Annotated[int, typer.Option("--max-queue", help="Requests that may wait while one generates; more get 429.")]
+MaxQueue = Annotated[int, typer.Option("--max-queue", help="Requests that may wait while the batch is full; more get 429.")]
+MaxBatch = Annotated[
+    Optional[int],
+    typer.Option("--max-batch", help="Requests that share each target pass (continuous batching, docs/batching.md); "
+                                     "default: as many as their caches fit in a quarter of the memory, at most 8. "
+                                     "1: one request at a time.", show_default=False),
+]
 ServedModelName = Annotated[
     Optional[list[str]],
     typer.Option("--served-model-name", help="A name /v1/models lists (repeat for more; the first is what responses "
@@ -69,6 +75,7 @@ def serve(
     cache_dir: CacheDir = None,
     cache_disk_bytes: CacheDiskBytes = "16GB",
     max_queue: MaxQueue = 32,
+    max_batch: MaxBatch = None,
     chat_template_config: o.ChatTemplateConfig = None,
     served_model_name: ServedModelName = None,
     strict_model_name: StrictModelName = False,
@@ -95,6 +102,8 @@ def serve(
         warnings.warn("--cache-disk-bytes does nothing without --cache-dir (the prompt cache stays in memory)")
     if max_queue < 0:
         raise DFlashError(f"--max-queue {max_queue} must be 0 or more")
+    if max_batch is not None and max_batch < 1:
+        raise DFlashError(f"--max-batch {max_batch} must be at least 1 (1: one request at a time)")
     o.check_max_tokens(max_tokens)
     o.check_tree(tree)
     o.check_draft_window(draft_window)
@@ -145,7 +154,7 @@ def serve(
         return pair, tokenizer
 
     service = EngineService(load, max_queue=max_queue, cache_bytes=limit, cache_dir=cache_dir,
-                            cache_disk_bytes=disk_limit, tree_rows=0 if ar else tree)
+                            cache_disk_bytes=disk_limit, tree_rows=0 if ar else tree, max_batch=max_batch)
     if rank is not None:
         _join_ranks(service, rank)
         if rank.rank != 0:

@@ -1,5 +1,8 @@
 """Facts about the machine MLX runs on (the ground floor: imports nothing of ours)."""
 
+import os
+from typing import Optional
+
 import mlx.core as mx
 
 
@@ -41,3 +44,18 @@ def default_prefill_step_size() -> int:
     """Prompt tokens per prefill chunk when none is asked for: CPU_PREFILL_STEP_SIZE
     on the CPU, mlx-lm's 2048 on the other backends."""
     return CPU_PREFILL_STEP_SIZE if backend_name() == "cpu" else 2048
+
+
+def device_memory_bytes() -> Optional[int]:
+    """What the models must fit in: the GPU's recommended working set, or RAM."""
+    try:
+        info = dict(mx.device_info())
+    except Exception:  # older MLX
+        info = {}
+    for key in ("max_recommended_working_set_size", "memory_size"):
+        if info.get(key):
+            return int(info[key])
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None

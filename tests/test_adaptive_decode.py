@@ -124,8 +124,13 @@ def test_calibration_is_cached_per_key(pair, tmp_path):
     for table in contexts.values():
         assert set(table.cycles) >= {2, pair.max_block_size}
         assert all(v > 0 for v in table.cycles.values()) and table.plain > 0
+    # The batch costs: a target pass by total rows, and what a block adds per context token.
+    batch = first.batch
+    assert set(batch.target) == {1, 2, 4, 8, 16, 32, 64} and all(s > 0 for s in batch.target.values())
+    assert batch.context_from == len(PROMPT) and {1, 2, pair.max_block_size} <= set(batch.per_context)
+    assert all(s >= 0 for s in batch.per_context.values()) and record["batch"]["target_s"]
     again = load_or_calibrate(pair, tmp_path, PROMPT, check=False)
-    assert again.cached and again.costs == first.costs
+    assert again.cached and again.costs == first.costs and again.batch == first.batch
     # Another key (here: another backend name) is another file, measured anew.
     key = dict(calibration_key(pair), backend="elsewhere")
     assert key != record["key"]

@@ -35,6 +35,7 @@ ENGINE_RANKS = {
     f"{ENGINE}.tree": 4,
     f"{ENGINE}.decode.loop": 5,
     f"{ENGINE}.adaptive": 6,
+    f"{ENGINE}.batch": 7,
 }
 # The package root re-exports the public API lazily (by name, not by import).
 FACADE = PACKAGE

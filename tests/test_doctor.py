@@ -53,6 +53,10 @@ def test_a_good_pair_passes_when_acceptance_is_not_required(cli):
     # ... and at the end of the target's context.
     limit = json.loads((Path(target_folder("qwen3")) / "config.json").read_text())["max_position_embeddings"]
     assert {(COSTS, f"{n} tokens") for n in (*map(int, tables), limit)} <= set(statuses)
+    # A batched cycle's cost against the total rows in it, and what the batch policy would run.
+    batch = costs["batch"]
+    assert set(batch["target_s"]) == {"1", "2", "4", "8", "16", "32", "64"} and batch["overhead_s"] >= 0
+    assert {(COSTS, "1 row"), (COSTS, "64 rows"), (COSTS, "batch by context"), (COSTS, "batch policy")} <= set(statuses)
     assert statuses[("Acceptance self-test", "parity")] == "ok"
     kernels = record["sections"][0]["data"]["kernels"]
     assert set(kernels) == {"two_tap_conv", "path_select"} and set(kernels.values()) <= {"kernel", "twin"}

@@ -195,6 +195,7 @@ def test_the_page_endpoints(server):
     assert state["pair"]["kind"] == "dflash2" and state["race"] is True and state["machine"]["backend"] == "cpu"
     assert state["pair"]["block_size"] == 4 and state["costs"] is None  # a fixed block: no cost table
     assert {"entries", "bytes", "max_bytes", "memory_hits", "disk_hits", "disk"} <= set(state["prompt_cache"])
+    assert state["queue"]["max_batch"] >= 2 and state["queue"]["running"] == 0 and state["queue"]["batch_note"] is None
     # Streamed chunks say which token the drafter made (one chunk per token here: each token of
     # this answer carries text); OpenAI's fields are untouched.
     pieces, usage = stream_pieces(server, {"messages": [{"role": "user", "content": "def f(x):"}], "max_tokens": 24})

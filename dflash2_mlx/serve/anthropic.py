@@ -18,7 +18,7 @@ from .render import ReasoningSplitter, conversation_ids, starts_thinking, think_
 from .sampling_fields import check_model, check_prompt_length, read_max_tokens, read_sampling
 from .settings import ServeSettings
 from .tools import CallArgs, CallStart, ToolCall, ToolPlan, ToolStreamer, plan_tools
-from .usage import cache_usage, speculative_usage
+from .usage import batch_usage, cache_usage, speculative_usage
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,8 @@ def usage(fin: Finished) -> dict:
     return {"input_tokens": fin.prompt_tokens - fin.cached_tokens, "output_tokens": fin.completion_tokens,
             "cache_read_input_tokens": fin.cached_tokens, "cache_creation_input_tokens": 0,
             "dflash2": speculative_usage(fin.stats),
-            "dflash2_prompt_cache": cache_usage(fin.cached_tokens, fin.cached_disk)}
+            "dflash2_prompt_cache": cache_usage(fin.cached_tokens, fin.cached_disk),
+            "dflash2_batch": batch_usage(fin)}
 
 
 class Answer:

@@ -63,6 +63,9 @@ class Finished:
     eos: bool  # the answer ended with an end-of-sequence token (not a stop string)
     stats: Optional[GenerationStats]  # None when cancelled before the end
     cached_disk: int = 0  # of cached_tokens, read from the disk tier
+    batch: int = 1  # the most requests it shared a target pass with, itself included
+    max_batch: int = 1  # the server's --max-batch
+    batch_note: Optional[str] = None  # why it ran alone on a server asked to batch
 
 
 @dataclass(frozen=True)

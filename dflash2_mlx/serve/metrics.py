@@ -11,6 +11,10 @@ from typing import Optional
 from ..text.stats import GenerationStats
 
 
+# Upper bounds of the batch size histogram's buckets.
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
+
+
 class Metrics:
     def __init__(self):
         self.requests: Counter = Counter()  # (route, status) -> count
@@ -28,6 +32,9 @@ class Metrics:
         self.timed_generations = 0  # generations with final statistics, and their seconds
         self.generation_seconds = 0.0
         self.block_cycles: Counter = Counter()  # speculative cycles by block size (1: a plain step)
+        self.batch_passes: Counter = Counter()  # batched target passes by how many sequences they ran
+        self.batch_rows = 0  # rows those passes ran, and tokens they committed
+        self.batch_tokens = 0
 
     def count_request(self, route: str, status: int) -> None:
         self.requests[(route, status)] += 1
@@ -49,6 +56,12 @@ class Metrics:
             self.timed_generations += 1
             self.generation_seconds += _seconds(stats)
             self.block_cycles.update(stats.block_sizes or {})
+
+    def record_pass(self, sequences: int, rows: int, committed: int) -> None:
+        """One batched target pass: its sequences, its rows, the tokens it committed."""
+        self.batch_passes[sequences] += 1
+        self.batch_rows += rows
+        self.batch_tokens += committed
 
     @property
     def mean_generation_s(self) -> Optional[float]:
@@ -87,6 +100,19 @@ class Metrics:
         metric("dflash2_block_cycles_total", "counter",
                "Speculative cycles by the block size they ran (1: a plain step; --block-size auto chooses per cycle).",
                [(f'{{block_size="{B}"}}', n) for B, n in sorted(self.block_cycles.items())] or [("", 0)])
+        passes = sum(self.batch_passes.values())
+        buckets = [(f'_bucket{{le="{le}"}}', sum(n for size, n in self.batch_passes.items() if size <= le))
+                   for le in BATCH_BUCKETS]
+        lines.extend(["# HELP dflash2_batch_size Sequences in each batched target pass.",
+                      "# TYPE dflash2_batch_size histogram"])
+        lines.extend(f"dflash2_batch_size{suffix} {n}" for suffix, n in buckets)
+        lines.extend([f'dflash2_batch_size_bucket{{le="+Inf"}} {passes}',
+                      f"dflash2_batch_size_sum {sum(k * n for k, n in self.batch_passes.items())}",
+                      f"dflash2_batch_size_count {passes}"])
+        metric("dflash2_batch_tokens_per_pass", "gauge", "Tokens committed per batched target pass, all sequences.",
+               [("", f"{self.batch_tokens / passes:.4f}" if passes else "0")])
+        metric("dflash2_batch_rows_per_pass", "gauge", "Rows (anchors, drafts, plain rows) per batched target pass.",
+               [("", f"{self.batch_rows / passes:.4f}" if passes else "0")])
         metric("dflash2_requests_in_progress", "gauge",
                "Requests being answered (not /health or /metrics); a drain waits for them.", [("", in_progress)])
         metric("dflash2_queue_length", "gauge", "Requests waiting for the model.", [("", queue_length)])

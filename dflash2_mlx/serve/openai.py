@@ -21,7 +21,7 @@ from .sampling_fields import check_model, check_prompt_length, read_logits, read
 from .settings import ServeSettings
 from .structured import read_response_format
 from .tools import CallArgs, ToolCall, ToolPlan, ToolStreamer, plan_tools
-from .usage import cache_usage, speculative_usage
+from .usage import batch_usage, cache_usage, speculative_usage
 
 
 @dataclass(frozen=True)
@@ -189,6 +189,7 @@ def usage(fin: Finished) -> dict:
         "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
         "dflash2": speculative_usage(fin.stats),
         "dflash2_prompt_cache": cache_usage(fin.cached_tokens, fin.cached_disk),
+        "dflash2_batch": batch_usage(fin),
     }
 
 

@@ -26,7 +26,7 @@ from .sampling_fields import check_model, check_prompt_length, read_logits, read
 from .settings import ServeSettings
 from .structured import read_response_format
 from .tools import CallArgs, CallStart, ToolCall, ToolPlan, ToolStreamer, plan_tools
-from .usage import cache_usage, speculative_usage
+from .usage import batch_usage, cache_usage, speculative_usage
 
 STORE_SIZE = 256  # responses kept for previous_response_id and GET
 
@@ -321,4 +321,5 @@ def _usage(fin: Finished) -> dict:
     return {"input_tokens": fin.prompt_tokens, "input_tokens_details": {"cached_tokens": fin.cached_tokens},
             "output_tokens": fin.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": fin.prompt_tokens + fin.completion_tokens, "dflash2": speculative_usage(fin.stats),
-            "dflash2_prompt_cache": cache_usage(fin.cached_tokens, fin.cached_disk)}
+            "dflash2_prompt_cache": cache_usage(fin.cached_tokens, fin.cached_disk),
+            "dflash2_batch": batch_usage(fin)}

@@ -1,4 +1,7 @@
-"""The engine service: one generation at a time on the model, a FIFO queue for the rest.
+"""The engine service: the model's worker thread, and a FIFO queue for what waits.
+
+With `max_batch` > 1 the worker runs requests together (serve/batching.py,
+docs/batching.md); otherwise, or where the pair cannot batch, one at a time.
 
 A single worker thread owns the model. It also loads it, because MLX streams
 belong to the thread that made them (running a model loaded on another thread
@@ -13,10 +16,13 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from typing import Callable, Optional, Union
 
 import mlx.core as mx
 
+from ..engine.batch.memory import default_max_batch
+from ..engine.batch.passes import batch_blocker
 from ..engine.decode.loop import DecodeCache
 from ..engine.pair import Pair
 from ..engine.tree.cycle import check_tree_rows
@@ -24,6 +30,7 @@ from ..errors import DFlashError, PromptTooLongError
 from ..text.context import check_context
 from ..text.generate import stream_generate
 from ..text.prompt_cache import CacheSettings, PromptCache
+from .batching import BatchRunner
 from .errors import ApiError
 from .jobs import Delta, Failed, Finished, GenerationRequest, Job, Started
 from .metrics import Metrics
@@ -56,9 +63,15 @@ class EngineService:
         metrics: Optional[Metrics] = None,
         channel=None,
         on_busy: Optional[Callable[[bool], None]] = None,
+        max_batch: Optional[int] = 1,
     ):
         self._load = load
         self.max_queue = max_queue
+        # Requests that share target passes (docs/batching.md); None: from the memory their
+        # caches need, once the pair is loaded. `batch_note`: why this pair runs one at a time.
+        self.max_batch = max_batch
+        self.batch_note: Optional[str] = None
+        self.active = 0  # requests running now (1 at most without batching)
         self.cache_bytes = cache_bytes
         # The prompt cache (docs/prompt-cache.md): blocks in memory and, with a
         # folder, on disk across restarts; conversation tails in memory.
@@ -119,7 +132,7 @@ class EngineService:
         with self._lock:
             if self._stopping:
                 raise ShuttingDown()
-            if self._outstanding >= self.max_queue + 1:  # one running, max_queue waiting
+            if self._outstanding >= self.max_queue + self.running_limit:  # running, and max_queue waiting
                 raise QueueFull()
             self._outstanding += 1
         self._queue.put(job)
@@ -135,20 +148,46 @@ class EngineService:
         with self._lock:
             if self._stopping:
                 raise ShuttingDown()
-            if self._outstanding >= self.max_queue + 1:
+            if self._outstanding >= self.max_queue + self.running_limit:
                 raise QueueFull()
             self._outstanding += 1
         self._queue.put(task)
         return task
 
     @property
+    def running_limit(self) -> int:
+        """Requests that may run at once."""
+        return max(self.max_batch or 1, 1) if self.batch_note is None else 1
+
+    @property
     def queue_length(self) -> int:
-        """Requests waiting for the model (the running one not counted)."""
-        return max(0, self._outstanding - int(self._busy))
+        """Requests waiting for the model (the running ones not counted)."""
+        return max(0, self._outstanding - max(self.active, int(self._busy)))
 
     @property
     def busy(self) -> bool:
-        return self._busy
+        return self._busy or self.active > 0
+
+    # -- what the batch runner asks of the service (worker thread) ---------------------
+    def next_job(self, block: bool):
+        """The next queued job (None: the stop job); raises queue.Empty when none waits and not `block`."""
+        return self._queue.get(block=block)
+
+    def job_done(self) -> None:
+        with self._lock:
+            self._outstanding -= 1
+
+    def run_task(self, task: "Task") -> None:
+        self._busy = True
+        try:
+            task.run(self)
+        finally:
+            self._busy = False
+            self.job_done()
+
+    @staticmethod
+    def at_rest(cache: DecodeCache) -> bool:
+        return _at_rest(cache)
 
     # -- the worker thread ------------------------------------------------------------
     def _main(self) -> None:
@@ -157,11 +196,15 @@ class EngineService:
                 self.pair, self.tokenizer = self._load()
                 check_tree_rows(self.pair, self.tree_rows)  # at start, not in every request's 400
                 self.pool = PromptCache(self.pair, self.cache_settings, warn=log.warning)
+                runner = self._batch_runner()
             except BaseException as e:  # handed to start(), which re-raises it
                 self._load_error = e
                 return
             finally:
                 self._ready.set()
+            if runner is not None:
+                runner.run()
+                return
             while True:
                 job = self._queue.get()
                 if job is None:
@@ -180,6 +223,23 @@ class EngineService:
             # exit ("terminate called without an active exception").
             mx.synchronize()
             mx.clear_streams()
+
+    def _batch_runner(self):
+        """The batch runner when requests can share passes here, else None (one at a
+        time; `batch_note` says why when more than one was asked for)."""
+        if self.max_batch is None:
+            self.max_batch = default_max_batch(self.pair)
+        why = "the target is split over ranks" if self.channel is not None else batch_blocker(self.pair)
+        if self.max_batch <= 1:
+            return None
+        if why is not None:
+            self.batch_note = f"one request at a time: {why}"
+            log.warning(f"--max-batch {self.max_batch}: {self.batch_note}")
+            return None
+        policy = None
+        if self.block_size == "auto" and self.calibration is not None and hasattr(self.calibration, "batch_policy"):
+            policy = self.calibration.batch_policy(clock=time.perf_counter)
+        return BatchRunner(self, self.max_batch, policy)
 
     def _run(self, job: Job) -> None:
         request = job.request
@@ -205,7 +265,8 @@ class EngineService:
         stats = None if cancelled or last is None else last.stats
         finish = "cancelled" if cancelled else (last.finish_reason or "length")
         self.metrics.record(len(ids), cached, n, stats, cancelled, cached_disk=reuse.disk)
-        job.post(Finished(finish, len(ids), n, cached, eos, stats, cached_disk=reuse.disk))
+        job.post(Finished(finish, len(ids), n, cached, eos, stats, cached_disk=reuse.disk,
+                          max_batch=self.running_limit, batch_note=self.batch_note))
         self.pool.flush()  # disk writes after the answer, never before it
 
     def follow(self) -> None:

@@ -11,6 +11,16 @@ def cache_usage(cached_tokens: int, cached_disk: int) -> dict:
     return {"memory_tokens": cached_tokens - cached_disk, "disk_tokens": cached_disk}
 
 
+def batch_usage(finished) -> dict:
+    """The batch a request ran in (docs/batching.md): `size`, the most requests that
+    shared a target pass with it (itself included); `max_batch`, the server's; `note`,
+    why it ran alone on a server asked to batch (its target's caches cannot batch yet)."""
+    out = {"size": finished.batch, "max_batch": finished.max_batch}
+    if finished.batch_note:
+        out["note"] = finished.batch_note
+    return out
+
+
 def speculative_usage(stats: Optional[GenerationStats]) -> Optional[dict]:
     """τ, target passes and acceptance by draft position (None when the
     generation was cut off before its final statistics). With --block-size

@@ -134,7 +134,9 @@ def server_state(service: EngineService, settings: ServeSettings, can_race: bool
         "costs": None if cal is None else {
             "by_context": {str(c): t.to_dict() for c, t in cal.costs.contexts.items()},
             "acceptance": cal.acceptance, "cached": cal.cached, "rescaled": cal.rescaled},
-        "queue": {"waiting": service.queue_length, "busy": service.busy, "max_queue": service.max_queue},
+        "queue": {"waiting": service.queue_length, "busy": service.busy, "max_queue": service.max_queue,
+                  "running": max(service.active, int(service.busy)), "max_batch": service.running_limit,
+                  "batch_note": service.batch_note},
         "prompt_cache": {"entries": len(pool), "bytes": pool.nbytes, "max_bytes": pool.settings.memory_bytes,
                          "disk": pool.settings.folder is not None, **pool.stats()},
         "totals": {"generations": m.generations, "generation_tokens": m.generation_tokens,

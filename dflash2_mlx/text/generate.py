@@ -49,6 +49,46 @@ def encode_prompt(tokenizer, prompt: Union[str, Sequence[int]]) -> list[int]:
     return [int(t) for t in prompt]
 
 
+@dataclass(frozen=True)
+class GenerationPlan:
+    """What one request decodes with, worked out before anything runs."""
+
+    ids: list  # the prompt's token ids
+    history: int  # tokens before this call (the prompt's first token is the cache's last one)
+    max_tokens: int  # capped where the context ends
+    block: int  # the fixed block, or the most auto may draft
+    auto: bool
+    policy: object  # the block policy (None: the fixed block)
+    rows: dict  # generate_step's grammar (a fresh state), logits_processors, top_logprobs
+
+
+def plan_generation(pair: Pair, tokenizer, prompt: Union[str, Sequence[int]], *, max_tokens: int = 256,
+                    sampling: SamplingParams = SamplingParams(), block_size: Union[int, str, None] = None,
+                    calibration: Optional[Calibration] = None, prompt_cache: Optional[DecodeCache] = None,
+                    tree_rows: int = 0, grammar: Optional[Grammar] = None, logits_processors: Sequence[Callable] = (),
+                    top_logprobs: Optional[int] = None, batched: bool = False) -> GenerationPlan:
+    """Check and plan a request (`stream_generate`'s arguments). `batched`: it runs in a
+    batch, whose policy keeps the clock (the sequence's own policy runs without one)."""
+    if max_tokens < 1:
+        raise DFlashError(f"max_tokens {max_tokens} must be at least 1")
+    ids = encode_prompt(tokenizer, prompt)
+    history = max(len(prompt_cache.tokens) - 1, 0) if prompt_cache is not None else 0
+    room = check_context(pair.target, history + len(ids))  # before calibration and prefill
+    max_tokens = max_tokens if room is None else min(max_tokens, room)  # a full context ends it ("length")
+    state = GrammarState(grammar, tokenizer, pair.target.vocab_size) if grammar is not None else None
+    rows = dict(grammar=state, logits_processors=tuple(logits_processors), top_logprobs=top_logprobs)
+    auto = auto_decides(pair, block_size, tree_rows)
+    B = pair.block_size(None if auto or block_size == "auto" else block_size)
+    policy = None
+    if auto and max_tokens > 1:
+        # Seeded sampling: a schedule that does not depend on the clock, so the
+        # same seed gives the same tokens (docs/adaptive.md, "Seeds reproduce").
+        seeded = sampling.seed is not None and not sampling.greedy
+        clock = None if seeded or batched else time.perf_counter
+        policy = (calibration or measure(pair, ids)).policy(B, clock=clock)
+    return GenerationPlan(ids, history, max_tokens, B, auto, policy, rows)
+
+
 def stream_generate(
     pair: Pair,
     tokenizer,
@@ -87,80 +127,87 @@ def stream_generate(
     penalties) apply to every verified row with its own prefix; `top_logprobs`
     k fills each response's `logprobs` (the token's and the k most likely).
     """
-    if max_tokens < 1:
-        raise DFlashError(f"max_tokens {max_tokens} must be at least 1")
-    ids = encode_prompt(tokenizer, prompt)
-    # Tokens before this call; the prompt's first token is the cache's last one.
-    history = max(len(prompt_cache.tokens) - 1, 0) if prompt_cache is not None else 0
-    room = check_context(pair.target, history + len(ids))  # before calibration and prefill
-    max_tokens = max_tokens if room is None else min(max_tokens, room)  # a full context ends it ("length")
-    eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
-    state = GrammarState(grammar, tokenizer, pair.target.vocab_size) if grammar is not None else None
-    rows = dict(grammar=state, logits_processors=tuple(logits_processors), top_logprobs=top_logprobs)
+    plan = plan_generation(pair, tokenizer, prompt, max_tokens=max_tokens, sampling=sampling, block_size=block_size,
+                           calibration=calibration, prompt_cache=prompt_cache, tree_rows=tree_rows, grammar=grammar,
+                           logits_processors=logits_processors, top_logprobs=top_logprobs)
     profiler = profiler or CycleProfiler()
-    auto = auto_decides(pair, block_size, tree_rows)
-    B = pair.block_size(None if auto or block_size == "auto" else block_size)
-    policy = None
-    if auto and max_tokens > 1:
-        # Seeded sampling: a schedule that does not depend on the clock, so the
-        # same seed gives the same tokens (docs/adaptive.md, "Seeds reproduce").
-        clock = None if sampling.seed is not None and not sampling.greedy else time.perf_counter
-        policy = (calibration or measure(pair, ids)).policy(B, clock=clock)
+    common = dict(max_tokens=plan.max_tokens, sampling=sampling, prefill_step_size=prefill_step_size,
+                  prompt_cache=prompt_cache, prompt_progress_callback=prompt_progress_callback, **plan.rows)
     if pair.drafter is None:
-        steps = autoregressive_generate_step(
-            ids, pair, max_tokens=max_tokens, sampling=sampling,
-            prefill_step_size=prefill_step_size, prompt_cache=prompt_cache,
-            prompt_progress_callback=prompt_progress_callback, **rows,
-        )
+        steps = autoregressive_generate_step(plan.ids, pair, **common)
     else:
-        steps = speculative_generate_step(
-            ids, pair, max_tokens=max_tokens, block_size=B, sampling=sampling,
-            prefill_step_size=prefill_step_size, prompt_cache=prompt_cache, profiler=profiler,
-            tree_rows=tree_rows,
-            policy=policy, prompt_progress_callback=prompt_progress_callback, **rows,
-        )
-    detok = IncrementalDetokenizer(tokenizer, ids)
-    stopper = StopMatcher(stop)
-    recorder = StatsRecorder(B)
-    clock, mark = getattr(pair.target, "collectives", None), None  # a target split over ranks
-    mx.reset_peak_memory()
-    tic = time.perf_counter()
-    n = 0
+        steps = speculative_generate_step(plan.ids, pair, block_size=plan.block, profiler=profiler,
+                                          tree_rows=tree_rows, policy=plan.policy, **common)
+    text = TextStream(pair, tokenizer, plan, stop, profiler, tree_rows)
     try:
-        for index, step in enumerate(steps):
-            if index == 0:  # the prefill pass produced the first token
-                decode_start = time.perf_counter()
-                prompt_time = decode_start - tic
-                mark = clock.mark() if clock is not None else None
-            kept = 0
-            for i, (token, drafted) in enumerate(zip(step.tokens, step.from_draft)):
-                n += 1
-                kept += 1
-                text, finish = _next_text(token, n, max_tokens, eos, detok, stopper)
-                elapsed = time.perf_counter() - decode_start
-                response = GenerationResponse(
-                    text=text, token=token, from_draft=drafted, prompt_tokens=len(ids),
-                    prompt_tps=len(ids) / prompt_time if prompt_time else 0.0,
-                    generation_tokens=n,
-                    generation_tps=(n - 1) / elapsed if n > 1 and elapsed > 0 else 0.0,
-                    peak_memory=mx.get_peak_memory() / 1e9,
-                    logprobs=step.logprobs[i] if step.logprobs else None,
-                )
-                if finish:
-                    if index > 0:
-                        recorder.add(step, kept)
-                    stats = replace(_stats(recorder, response, pair.kind, B, profiler, policy, auto, tree_rows),
-                                    **collective_fields(clock, mark))
-                    yield replace(response, finish_reason=finish, stats=stats)
-                    return
-                yield response
-            if index > 0:
-                recorder.add(step, kept)
+        for step in steps:
+            yield from text.feed(step)
+            if text.done:
+                return
     finally:
         steps.close()
         if prompt_cache is not None:
             # Tokens verified past an EOS / stop string were never returned.
-            prompt_cache.truncate(history + len(ids) + n)
+            prompt_cache.truncate(plan.history + len(plan.ids) + text.n)
+
+
+class TextStream:
+    """A request's decode steps turned into responses: text, EOS, stop strings,
+    `max_tokens`, the stats on the last. Fed one `DecodeStep` at a time (by
+    `stream_generate`'s loop, or by a batch that runs many requests at once)."""
+
+    def __init__(self, pair: Pair, tokenizer, plan: GenerationPlan, stop: Sequence[str] = (),
+                 profiler: Optional[CycleProfiler] = None, tree_rows: int = 0):
+        self.pair, self.plan, self.tree_rows = pair, plan, tree_rows
+        self.profiler = profiler or CycleProfiler()
+        self.eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
+        self.detok = IncrementalDetokenizer(tokenizer, plan.ids)
+        self.stopper = StopMatcher(stop)
+        self.recorder = StatsRecorder(plan.block)
+        self.collectives, self.mark = getattr(pair.target, "collectives", None), None  # a target split over ranks
+        self.steps = self.n = 0
+        self.done = False
+        self.prompt_time = self.decode_start = 0.0
+        mx.reset_peak_memory()
+        self.tic = time.perf_counter()
+
+    def feed(self, step) -> list[GenerationResponse]:
+        """The responses for one step's tokens; the last carries the finish reason when it ends the answer."""
+        index, self.steps = self.steps, self.steps + 1
+        if index == 0:  # the prefill pass produced the first token
+            self.decode_start = time.perf_counter()
+            self.prompt_time = self.decode_start - self.tic
+            self.mark = self.collectives.mark() if self.collectives is not None else None
+        out, kept, ids = [], 0, self.plan.ids
+        for i, (token, drafted) in enumerate(zip(step.tokens, step.from_draft)):
+            self.n += 1
+            kept += 1
+            text, finish = _next_text(token, self.n, self.plan.max_tokens, self.eos, self.detok, self.stopper)
+            elapsed = time.perf_counter() - self.decode_start
+            response = GenerationResponse(
+                text=text, token=token, from_draft=drafted, prompt_tokens=len(ids),
+                prompt_tps=len(ids) / self.prompt_time if self.prompt_time else 0.0,
+                generation_tokens=self.n,
+                generation_tps=(self.n - 1) / elapsed if self.n > 1 and elapsed > 0 else 0.0,
+                peak_memory=mx.get_peak_memory() / 1e9,
+                logprobs=step.logprobs[i] if step.logprobs else None,
+            )
+            if finish:
+                if index > 0:
+                    self.recorder.add(step, kept)
+                self.done = True
+                out.append(replace(response, finish_reason=finish, stats=self._stats(response)))
+                return out
+            out.append(response)
+        if index > 0:
+            self.recorder.add(step, kept)
+        return out
+
+    def _stats(self, response: GenerationResponse) -> GenerationStats:
+        plan = self.plan
+        stats = _stats(self.recorder, response, self.pair.kind, plan.block, self.profiler, plan.policy, plan.auto,
+                       self.tree_rows)
+        return replace(stats, **collective_fields(self.collectives, self.mark))
 
 
 def _next_text(token, n, max_tokens, eos, detok, stopper) -> tuple[str, Optional[str]]:

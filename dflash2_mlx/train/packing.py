@@ -11,6 +11,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..engine.window import window_visible
+from ..engine.drafter.model import CachedContext
 
 
 class PackedContext:
@@ -39,6 +40,8 @@ class PackedContext:
         in_window = window_visible(queries, keys, attn.sliding_window)  # [NB, B, L + B]
         own = mx.concatenate([before_anchor, mx.ones(queries.shape, dtype=mx.bool_)], axis=1)
         return kc, vc, self.anchors, (in_window & own[:, None, :])[:, None]
+
+    with_block = staticmethod(CachedContext.with_block)  # each block after its sequence's context rows
 
 
 def sample_anchors(keys: list, seq_len: int, block_size: int, per_seq: int):

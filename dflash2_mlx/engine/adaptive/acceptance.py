@@ -54,6 +54,13 @@ class AcceptanceEstimate:
             self._expected = totals
         return self._expected[max(min(B, len(self._expected) - 1), 1)]
 
+    def expected_by_block(self, top: int) -> list[float]:
+        """`expected_tokens(B)` for B = 0..top in one list (0 and 1: 1.0), for the batch
+        policy, which rates every block of every sequence each cycle."""
+        self.expected_tokens(1)  # fills the cache
+        E = self._expected
+        return E[:top + 1] if top < len(E) else E + [E[-1]] * (top + 1 - len(E))
+
     def copy(self) -> "AcceptanceEstimate":
         twin = AcceptanceEstimate.__new__(AcceptanceEstimate)
         twin.reached, twin.hit, twin.decay, twin._expected = list(self.reached), list(self.hit), self.decay, None

@@ -8,6 +8,9 @@ that splits a cycle into its target pass and its drafter pass (with the
 selector) for display; all of it twice: after a short prompt and after a
 long one (half the target's context, at most LONG_CONTEXT tokens), since
 every step reads the whole context (costs.py interpolates between them).
+For batches (batch_policy.py) it also times a bare target pass over R rows
+for R in BATCH_ROWS after the short prompt, each undone with target.rollback:
+a batched cycle's cost by the total rows in it.
 A cycle's cost is a fact of the machine and the pair, so the result is
 cached in a JSON file per (backend, device, target, drafter, dtypes,
 quantization) and measured again when any of those change.
@@ -29,6 +32,7 @@ from ...device import backend_name
 from ...errors import DFlashError
 from ...files import atomic_write_text
 from .acceptance import AcceptanceEstimate
+from .batch_policy import BatchCosts, BatchPolicy
 from .costs import ContextCosts, Costs, CostTable, costs_from_dict
 from .policy import BlockPolicy
 from ..decode.loop import DecodeCache, speculative_generate_step
@@ -37,13 +41,16 @@ from ..pair import Pair
 from ..decode.profile import CycleProfiler
 from ..target.context import context_limit
 
-VERSION = 2  # 2: costs by context length
+VERSION = 3  # 2: costs by context length; 3: batch costs by total rows
 # Measured block sizes; the policy interpolates between them (linear in B is how
 # verify and drafter passes grow, compute-bound or not).
 SIZES = (2, 4, 8, 16)
 # The long context the costs are measured at: half the target's context, at most this
 # many tokens (past it the policy extends the measured growth linearly, as attention grows).
 LONG_CONTEXT = 2048
+# Total rows of the target passes timed for batches; the batch policy interpolates
+# between them and extends the last two linearly.
+BATCH_ROWS = (1, 2, 4, 8, 16, 32, 64)
 
 
 @dataclass(frozen=True)
@@ -54,15 +61,27 @@ class Calibration:
     path: Optional[Path] = None  # where it is cached, if anywhere
     cached: bool = False  # read from disk rather than measured now
     rescaled: Optional[float] = None  # factor applied after a check of the plain step disagreed
+    batch: Optional[BatchCosts] = None  # a batched cycle's parts by total rows (None: made by hand)
 
     def policy(self, max_block: int, clock=None) -> BlockPolicy:
         """A fresh policy for one generation, seeded with this calibration
         (`clock`, e.g. time.perf_counter, lets it correct the costs online)."""
         return BlockPolicy(self.costs, max_block, AcceptanceEstimate(max_block - 1, self.acceptance), clock=clock)
 
+    def batch_policy(self, clock=None) -> BatchPolicy:
+        """A fresh policy for a batch of sequences (`clock` as for `policy`). A calibration
+        made without the rows sweep uses its short table: a B-row verify as a B-row pass."""
+        costs = self.batch
+        if costs is None:
+            short = self.costs.at(0)
+            costs = BatchCosts({1: short.plain, **short.verify}, dict(short.draft))
+        return BatchPolicy(costs, clock=clock)
+
     def to_dict(self) -> dict:
-        return {"version": VERSION, "key": self.key, "costs": self.costs.to_dict(),
-                "acceptance": self.acceptance}
+        d = {"version": VERSION, "key": self.key, "costs": self.costs.to_dict(), "acceptance": self.acceptance}
+        if self.batch is not None:
+            d["batch"] = self.batch.to_dict()
+        return d
 
 
 def calibration_key(pair: Pair) -> dict:
@@ -141,7 +160,58 @@ def measure(pair: Pair, prompt_ids: Sequence[int], sizes: Sequence[int] = SIZES,
     long = long_context(pair, len(prompt_ids)) if long == -1 else long
     if long:
         tables[long], _ = _costs_at(pair, prompt_ids, sizes, cycles, _read_context(pair, prompt_ids, long))
-    return Calibration(ContextCosts(tables), acceptance, calibration_key(pair))
+    batch = batch_costs(pair, prompt_ids, tables)
+    return Calibration(ContextCosts(tables), acceptance, calibration_key(pair), batch=batch)
+
+
+def batch_costs(pair: Pair, prompt_ids: Sequence[int], tables: dict[int, CostTable]) -> BatchCosts:
+    """A batched cycle's parts after the prompt: the target pass by total rows (timed
+    now), the drafter pass by drafted rows (the short table's, timed per block size:
+    a batch drafts every sequence's block in one pass), the rest of a plain step as the
+    per-cycle overhead (the loop's bookkeeping and host sync), and, from the short and
+    the long table, what each block size adds per context token (a plain step's growth
+    for one row, verify + draft's for a block), never negative (noise)."""
+    contexts = sorted(tables)
+    short = tables[contexts[0]]
+    target = target_rows_costs(pair, prompt_ids)
+    per_context = {}
+    if len(contexts) > 1:
+        long, span = tables[contexts[-1]], contexts[-1] - contexts[0]
+        per_context[1] = max(long.plain - short.plain, 0.0) / span
+        for B in sorted(set(short.verify) & set(long.verify)):
+            grown = long.verify[B] + long.draft[B] - short.verify[B] - short.draft[B]
+            per_context[B] = max(grown, 0.0) / span
+        per_context = _non_decreasing(per_context)
+    return BatchCosts(target, dict(short.draft), max(short.plain - target[1], 0.0), per_context, contexts[0])
+
+
+def target_rows_costs(pair: Pair, prompt_ids: Sequence[int], rows: Sequence[int] = BATCH_ROWS, repeats: int = 3,
+                      cache: Optional[list] = None) -> dict[int, float]:
+    """Seconds of one target pass over R rows (the drafter's layers captured, as a verify
+    does) after the prompt, for each R, each pass undone with `target.rollback`; fitted
+    non-decreasing in R. `cache`: an empty target cache to use (default: a new one).
+    The sizes take turns, round after round, and each keeps its fastest round: another
+    process only ever adds time, and a busy spell that hit one size and not the next
+    would bend the table the policy compares sizes by (the online scales correct the level).
+    A target with sliding-window layers can undo at most `max_block + 1` rows: larger R
+    are left to the policy's linear extension."""
+    target = pair.target
+    cache = target.make_cache() if cache is None else cache
+    mx.eval(target(mx.array([list(prompt_ids)]), cache, (), last_logits_only=True)[0])  # the short context
+    room = target.max_block + 1 if target.has_window_layers else max(rows)
+    ids = list(prompt_ids) * (max(rows) // max(len(prompt_ids), 1) + 1)
+    sizes = [R for R in rows if R <= room]
+    seconds = {R: float("inf") for R in sizes}
+    for round_ in range(repeats + 1):  # round 0 builds each shape's graph: not timed
+        for R in sizes if round_ % 2 else sizes[::-1]:
+            tokens = mx.array([ids[:R]])
+            start = time.perf_counter()
+            logits, features, undo = target.forward_undoable(tokens, cache, pair.layer_ids)
+            mx.eval([a for a in (logits, features) if a is not None])
+            if round_:
+                seconds[R] = min(seconds[R], time.perf_counter() - start)
+            target.rollback(cache, undo, 0)
+    return _non_decreasing(seconds)
 
 
 def _costs_at(pair: Pair, prompt_ids, sizes, cycles: int, cache: Optional[DecodeCache]) -> tuple[CostTable, list]:
@@ -216,7 +286,7 @@ def load_or_calibrate(pair: Pair, folder: Optional[Path], prompt_ids: Sequence[i
                 return checked(pair, found, prompt_ids) if check else found
     cal = measure(pair, prompt_ids)
     path = _save(cal, path)
-    return Calibration(cal.costs, cal.acceptance, key, path)
+    return Calibration(cal.costs, cal.acceptance, key, path, batch=cal.batch)
 
 
 def checked(pair: Pair, cal: Calibration, prompt_ids: Sequence[int], passes: int = 6) -> Calibration:
@@ -226,7 +296,8 @@ def checked(pair: Pair, cal: Calibration, prompt_ids: Sequence[int], passes: int
     if 1 / CHECK_TOLERANCE <= factor <= CHECK_TOLERANCE:
         return cal
     costs = cal.costs.scaled(factor)
-    rescaled = Calibration(costs, cal.acceptance, cal.key, cal.path, cached=True, rescaled=factor)
+    batch = cal.batch.scaled(factor) if cal.batch is not None else None
+    rescaled = Calibration(costs, cal.acceptance, cal.key, cal.path, cached=True, rescaled=factor, batch=batch)
     _save(rescaled, cal.path)
     return rescaled
 
@@ -257,6 +328,6 @@ def _read(path: Path, key: dict) -> Optional[Calibration]:
         if record.get("key") != key:
             return None
         return Calibration(costs_from_dict(record["costs"]), [float(a) for a in record["acceptance"]],
-                           key, path, cached=True)
+                           key, path, cached=True, batch=BatchCosts.from_dict(record["batch"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None

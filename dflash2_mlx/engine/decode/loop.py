@@ -55,16 +55,16 @@ def generate_step(
     `grammar` (a fresh `GrammarState`, docs/structured.md), `logits_processors`
     (mlx-lm's bias and penalties) and `top_logprobs` k: rows.py.
     """
-    drafter, block, prompt = pair.drafter, pair.block_size(block_size), _check_prompt(prompt)
-    cache = _cache_for(prompt, pair, prompt_cache)
+    drafter, block, prompt = pair.drafter, pair.block_size(block_size), check_prompt(prompt)
+    cache = cache_for(prompt, pair, prompt_cache)
     profiler = profiler or CycleProfiler()
     transform = make_logprobs_transform(sampling)
     tree_rows = tree_rows_for(pair, tree_rows) if drafter is not None else 0
-    sample, rule = token_sampler(sampling, transform), _row_rule(grammar, logits_processors, top_logprobs)
+    sample, rule = token_sampler(sampling, transform), row_rule(grammar, logits_processors, top_logprobs)
     if policy is None or tree_rows:  # the cost model is the chain's: a tree drafts the fixed block
         policy = FixedBlock(block)
     key, sub = split_key(make_key(sampling))
-    last = _prefill(prompt, pair, cache, prefill_step_size, prompt_progress_callback)
+    last = prefill(prompt, pair, cache, prefill_step_size, prompt_progress_callback)
     cache.record_prompt(prompt)
     plain = PlainStep.sampled(last, cache, sample, sub, rule, rows=0)
     pending, left, choice, anchor = PendingFeatures(), max_tokens, None, None
@@ -73,7 +73,7 @@ def generate_step(
             if plain is not None:
                 # Decide what follows before fetching this token, so a plain
                 # next step can be launched first.
-                choice = _decide(policy, left - 1, len(cache.tokens))
+                choice = decide(policy, left - 1, len(cache.tokens))
                 ahead = None
                 if choice is not None and choice.block == 1 and not (rule is not None and rule.needs_tokens):
                     key, sub = split_key(key)
@@ -88,13 +88,13 @@ def generate_step(
                 else:
                     outcome = chain_cycle(pair, cache, anchor, pending.take(), (k_draft, k_accept), rule, **cycle)
                 choice = None
-            left = _commit(outcome, cache, pending, policy, drafter, left, grammar)
+            left = commit_outcome(outcome, cache, pending, policy, drafter, left, grammar)
             yield outcome.step()
             anchor = outcome.tokens[-1]
             if grammar is not None and grammar.done:  # complete: nothing may follow
                 choice = None
             elif plain is None and choice is None:
-                choice = _decide(policy, left, len(cache.tokens))
+                choice = decide(policy, left, len(cache.tokens))
             if plain is None and choice is not None and choice.block == 1:
                 key, sub = split_key(key)
                 plain = PlainStep.launch(pair, cache, mx.array([anchor], dtype=mx.int32), sample, sub, rule)
@@ -109,14 +109,14 @@ def generate_step(
             pending.flush(drafter, cache, wait=True)
 
 
-def _row_rule(grammar, processors, top_logprobs) -> Optional[RowRule]:
+def row_rule(grammar, processors, top_logprobs) -> Optional[RowRule]:
     """The rows' rule (rows.py), None when the raw target rows are decoded as they are."""
     if grammar is None and not processors and top_logprobs is None:
         return None
     return RowRule(processors, grammar, top_logprobs)
 
 
-def _decide(policy, tokens_left: int, context: int) -> Optional[Choice]:
+def decide(policy, tokens_left: int, context: int) -> Optional[Choice]:
     """The policy's choice for the next cycle, acted on; None when no tokens are left.
     `context`: the tokens committed so far (a cycle reads them all: its cost grows with them)."""
     if tokens_left <= 0:
@@ -126,7 +126,7 @@ def _decide(policy, tokens_left: int, context: int) -> Optional[Choice]:
     return choice
 
 
-def _commit(outcome: CycleOutcome, cache: DecodeCache, pending: PendingFeatures, policy, drafter,
+def commit_outcome(outcome: CycleOutcome, cache: DecodeCache, pending: PendingFeatures, policy, drafter,
             left: int, grammar: Optional[GrammarState]) -> int:
     """The one commit tail: tokens and undo record into the cache (and the
     grammar), features towards the drafter, the outcome to the policy.
@@ -168,10 +168,24 @@ def autoregressive_generate_step(
                          prompt_progress_callback=prompt_progress_callback, **rows)
 
 
-def _prefill(prompt: mx.array, pair: Pair, cache: DecodeCache, prefill_step_size: Optional[int],
-             prompt_progress_callback: Optional[Callable[[int, int], None]] = None) -> mx.array:
+def prefill(prompt: mx.array, pair: Pair, cache: DecodeCache, prefill_step_size: Optional[int] = None,
+            prompt_progress_callback: Optional[Callable[[int, int], None]] = None) -> mx.array:
+    """Run the whole prompt through the target (and its features into the drafter
+    cache); return the last row's logits [V]. `prefill_chunks`, run to its end."""
+    chunks = prefill_chunks(prompt, pair, cache, prefill_step_size, prompt_progress_callback)
+    while True:
+        try:
+            next(chunks)
+        except StopIteration as done:
+            return done.value
+
+
+def prefill_chunks(prompt: mx.array, pair: Pair, cache: DecodeCache, prefill_step_size: Optional[int] = None,
+                   prompt_progress_callback: Optional[Callable[[int, int], None]] = None
+                   ) -> Generator[int, None, mx.array]:
     """Run the prompt through the target (and its features into the drafter
-    cache) chunk by chunk; return the last row's logits [V].
+    cache) chunk by chunk, yielding the tokens run so far after each chunk (a
+    batch interleaves other sequences' cycles there); return the last row's logits [V].
     As mlx-lm: all tokens but the last in chunks of which only the caches are
     evaluated (so the last layer's MLP and the head never run on their rows),
     then the last token alone for its logits; bitwise the same on the CPU.
@@ -197,10 +211,12 @@ def _prefill(prompt: mx.array, pair: Pair, cache: DecodeCache, prefill_step_size
         if prompt_progress_callback is not None and end != total - 1:  # the last token follows at once
             prompt_progress_callback(end, total)
         start = end
+        if end != total:
+            yield end
     return logits[0, -1]
 
 
-def _cache_for(prompt: mx.array, pair: Pair, prompt_cache: Optional[DecodeCache]) -> DecodeCache:
+def cache_for(prompt: mx.array, pair: Pair, prompt_cache: Optional[DecodeCache]) -> DecodeCache:
     """`prompt_cache`, checked to continue with `prompt`; else fresh caches."""
     if prompt_cache is not None:
         prompt_cache.check_continuation(prompt)
@@ -209,7 +225,7 @@ def _cache_for(prompt: mx.array, pair: Pair, prompt_cache: Optional[DecodeCache]
     return DecodeCache(pair.target.make_cache(), drafter.make_cache() if drafter else None)
 
 
-def _check_prompt(prompt) -> mx.array:
+def check_prompt(prompt) -> mx.array:
     prompt = mx.array(prompt, dtype=mx.int32).reshape(-1)
     if prompt.size == 0:
         raise DFlashError("the prompt is empty: give some text to continue")

@@ -57,10 +57,7 @@ class DrafterAttention(nn.Module):
         kc, vc, block_start, mask = context.keys_values(self, B)
         q = self.q_norm(self.q_proj(x).reshape(N, B, self.n_heads, -1)).transpose(0, 2, 1, 3)
         q = self.rope(q, offset=block_start)
-        kb, vb = self.keys_values(x, block_start)
-        if kc is not None:
-            kb = mx.concatenate([kc, kb], axis=2)
-            vb = mx.concatenate([vc, vb], axis=2)
+        kb, vb = context.with_block(kc, vc, *self.keys_values(x, block_start))
         # Non-causal: every block row sees the context rows and block rows its mask
         # allows (all of them on full-attention layers).
         out = mx.fast.scaled_dot_product_attention(q, kb, vb, scale=self.scale, mask=mask)
@@ -93,6 +90,13 @@ class CachedContext:
             kc, vc = kc[:, :, -(window - 1) :], vc[:, :, -(window - 1) :]
         rows = 0 if kc is None else kc.shape[2]
         return kc, vc, cache.offset, decode_window_mask(rows, cache.offset, block, window)
+
+    @staticmethod
+    def with_block(kc, vc, kb: mx.array, vb: mx.array):
+        """The keys and values the block attends over: the context's, then its own."""
+        if kc is None:
+            return kb, vb
+        return mx.concatenate([kc, kb], axis=2), mx.concatenate([vc, vb], axis=2)
 
 
 class DrafterMLP(nn.Module):
@@ -193,7 +197,7 @@ class Drafter(nn.Module):
         return self.hidden_norm(self.fc(features))
 
     def __call__(
-        self, block: mx.array, features: Optional[mx.array], cache: list[KVCache]
+        self, block: mx.array, features: Optional[mx.array], cache: list[KVCache], context=CachedContext
     ) -> mx.array:
         """Run one block.
 
@@ -201,6 +205,8 @@ class Drafter(nn.Module):
         features: target features of the pending committed rows [N, P, n·Ht]
             (P may be 0); they enter the cache before the block attends.
         Returns the final-normed hidden states of all B rows (row 0 is the anchor).
+        `context(rows, layer cache)` makes each layer's view of its context
+        (a batch of sequences passes its own: engine/batch/draft_view.py).
         """
         dtype = self.activation_dtype
         rows = None
@@ -208,7 +214,7 @@ class Drafter(nn.Module):
             rows = self.project_context(features.astype(dtype))
         h = block.astype(dtype)
         for layer, c in zip(self.layers, cache):
-            h = layer(h, CachedContext(rows, c))
+            h = layer(h, context(rows, c))
         return self.norm(h)
 
     def draft(self, block_ids: mx.array, features: Optional[mx.array], cache: list[KVCache], target):

@@ -7,6 +7,8 @@ commit tail.
 """
 
 import warnings
+from dataclasses import dataclass
+
 import mlx.core as mx
 import numpy as np
 
@@ -72,10 +74,30 @@ def tree_cycle(pair, cache, anchor: int, pending, *, block: int, rows: int, samp
     ids = mx.array([[anchor] + [pair.mask_token_id] * (block - 1)], dtype=mx.int32)
     hidden, draft_logits = drafter.draft(ids, pending, cache.drafter, target)
     profiler.lap("draft", draft_logits)
-    logq, cand = lattice_logprobs(drafter, draft_logits, hidden, anchor, sampling.temperature,
+    planned = plan_tree(pair, anchor, hidden, draft_logits, rows=rows, sampling=sampling, key=key, rule=rule,
+                        profiler=profiler)
+    views = tree_views(cache.target, planned.tree)
+    profiler.lap("mask", *[v.layout.mask for v in views])
+    logits, features = tree_forward(target, planned.tree, views, pair.layer_ids)
+    profiler.lap("verify", logits, features)
+    return finish_tree(planned, cache, views, logits, features, sampling=sampling, transform=transform, left=left,
+                       rule=rule, profiler=profiler)
+
+
+@dataclass(frozen=True)
+class PlannedTree:
+    """A tree built from one drafted block, before its target pass."""
+
+    tree: object  # build.DraftTree
+    key: object  # what acceptance draws with
+    paths: object  # the grammar's view of paths (None without a grammar)
+
+
+def plan_tree(pair, anchor: int, hidden, draft_logits, *, rows: int, sampling, key, rule, profiler) -> PlannedTree:
+    """Build the tree of `rows` rows from a drafted block's lattice (the cycle's first host sync)."""
+    logq, cand = lattice_logprobs(pair.drafter, draft_logits, hidden, anchor, sampling.temperature,
                                   pair.selector_transform)
-    # The search is a host loop over one small array: this cycle's first sync.
-    # (Token ids travel as float32: exact below 2**24.)
+    # The search is a host loop over one small array. (Token ids travel as float32: exact below 2**24.)
     T, K = cand.shape
     key, k_spine = split_key(key)
     uniforms = mx.zeros((T,)) if sampling.greedy else mx.random.uniform(shape=(T,), key=k_spine)
@@ -90,15 +112,19 @@ def tree_cycle(pair, cache, anchor: int, pending, *, block: int, rows: int, samp
                                                     cand_host, admit)
     tree = build_tree(logq_host, cand_host, anchor, rows, spine=spine, admit=admit)
     profiler.lap("build")
-    views = tree_views(cache.target, tree)
-    profiler.lap("mask", *[v.layout.mask for v in views])
-    logits, features = tree_forward(target, tree, views, pair.layer_ids)
-    profiler.lap("verify", logits, features)
+    return PlannedTree(tree, key, paths)
+
+
+def finish_tree(planned: PlannedTree, cache, views, logits, features, *, sampling, transform, left: int, rule,
+                profiler) -> CycleOutcome:
+    """Walk the verified tree (node logits [N, V], features [N, F]), write the accepted
+    path into the target caches, and say what the cycle commits (at most `left` tokens)."""
+    tree, paths = planned.tree, planned.paths
     if rule is not None:
         drafted = [tuple(tree.tokens[m] for m in tree.path(j)[1:]) for j in range(tree.rows)]
         masks = np.stack([paths.allowed(p) for p in drafted]) if paths is not None else None
         logits = rule.tree(logits, cache.tokens, drafted, masks)
-    path, last = accept_tree(tree, logits, sampling, transform, key, profiler)
+    path, last = accept_tree(tree, logits, sampling, transform, planned.key, profiler)
     tokens = tuple(tree.tokens[n] for n in path[1:]) + (last,)
     keep = len(path)
     if len(tokens) > left:  # the tree reached past max_tokens
@@ -109,4 +135,4 @@ def tree_cycle(pair, cache, anchor: int, pending, *, block: int, rows: int, samp
     # Trees run on attention caches only: they trim, so there is no undo record.
     logprobs = rule.logprobs(logits[mx.array(path[: len(tokens)])], tokens) if rule is not None else None
     return CycleOutcome(tokens, accepted=len(path) - 1, drafted=tree.max_depth, verify_rows=tree.rows,
-                        features=features[kept][None], logprobs=logprobs)
+                        features=None if features is None else features[kept][None], logprobs=logprobs)

@@ -366,8 +366,9 @@ async function refreshState() {
     ["drafter", p.drafter ? `${p.drafter.kind}, ${p.drafter.layers} layers, block ${p.drafter.block_size}` : "none"],
     ["block size", String(p.block_size)], ["tree rows", p.tree_rows || "chain"],
   ]);
-  rows($("state-queue"), [["running", st.queue.busy ? "yes" : "no"], ["waiting", st.queue.waiting],
-                          ["limit", st.queue.max_queue]]);
+  rows($("state-queue"), [["running", `${st.queue.running} of ${st.queue.max_batch} at once`],
+                          ["waiting", st.queue.waiting], ["limit", st.queue.max_queue],
+                          ...(st.queue.batch_note ? [["batching", st.queue.batch_note]] : [])]);
   const c = st.prompt_cache;
   rows($("state-cache"), [["entries", c.entries], ["held in memory", bytes(c.bytes)], ["bound", bytes(c.max_bytes)],
                           ["blocks reused from memory", c.memory_hits],

@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 import mlx.core as mx
 
-from ...engine.decode.loop import DecodeCache, _prefill
+from ...engine.decode.loop import DecodeCache, prefill
 from ...engine.pair import Pair
 from .disk import DiskTier
 from .keys import block_keys, pair_fingerprint
@@ -145,20 +145,25 @@ class PromptCache:
         return (None if parts is None else _Block(tuple(tokens), parts, parts_nbytes(parts))), True
 
     def extend(self, cache: DecodeCache, ids: list[int], prefill_step_size: Optional[int] = None,
-               progress: Optional[Callable[[int, int], None]] = None) -> None:
+               progress: Optional[Callable[[int, int], None]] = None, max_blocks: Optional[int] = None) -> bool:
         """Run the whole blocks of `ids` that `cache` does not hold yet (leaving
         at least one token to run), keeping each as a block. `progress(done,
-        total)` counts the tokens run here out of those the prompt still needs."""
+        total)` counts the tokens run here out of those the prompt still needs.
+        `max_blocks`: run at most that many now (a batch runs other sequences'
+        cycles in between); returns whether whole blocks are left to run."""
         keys = block_keys(self.fingerprint, ids[:-1], self.S)
         ran = start = max(len(cache.tokens) - 1, 0)
         if cache.stale or cache.tokens != list(ids[: len(cache.tokens)]):
-            return
-        rows_only = all(map(cuts_into_rows, layers_of(cache)))
+            return False
+        rows_only, blocks_run = all(map(cuts_into_rows, layers_of(cache))), 0
         for k in range(ran // self.S, len(keys)):
             end = (k + 1) * self.S
             if end > ran:
+                if max_blocks is not None and blocks_run >= max_blocks:
+                    return True
+                blocks_run += 1
                 # The loop's own prefill, so the rows equal those of an uncached run.
-                _prefill(mx.array(ids[ran:end], dtype=mx.int32), self.pair, cache, prefill_step_size)
+                prefill(mx.array(ids[ran:end], dtype=mx.int32), self.pair, cache, prefill_step_size)
                 ran = end
                 cache.tokens = list(ids[: end + 1])
                 cache.last_verify = None
@@ -166,6 +171,7 @@ class PromptCache:
                     progress(ran - start, len(ids) - start)
             if rows_only or end == ran:  # a snapshot layer can only be read where it stands
                 self._keep(keys[k], ids[k * self.S : end], cache, k * self.S, end)
+        return False
 
     def put(self, cache: DecodeCache) -> None:
         """Keep `cache` as a conversation tail (the cache now belongs here) and

@@ -8,7 +8,8 @@ drafts are almost never accepted, then the decode costs (`pair`). `run` yields
 one `Section` (`report`) at a time. No UI here.
 """
 
-from .install import device_memory_bytes, environment  # noqa: F401
+from ...device import device_memory_bytes  # noqa: F401
+from .install import environment  # noqa: F401
 from .memory import GB, kv_bytes_per_token, memory_estimate, safetensors_header, size_text, weight_bytes  # noqa: F401
 from .pair import DEFAULT_MIN_ACCEPTANCE, decode_costs, pair_checks, self_test  # noqa: F401
 from .quantization import quantization_checks  # noqa: F401

@@ -53,15 +53,3 @@ def _device_info() -> dict:
         return dict(mx.device_info())
     except Exception:  # older MLX
         return {}
-
-
-def device_memory_bytes() -> Optional[int]:
-    """What the models must fit in: the GPU's recommended working set, or RAM."""
-    info = _device_info()
-    for key in ("max_recommended_working_set_size", "memory_size"):
-        if info.get(key):
-            return int(info[key])
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None

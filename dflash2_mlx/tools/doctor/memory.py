@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from ...errors import DFlashError
-from .install import device_memory_bytes
+from ...device import device_memory_bytes
 from .report import Finding, Section
 
 GB = 1e9

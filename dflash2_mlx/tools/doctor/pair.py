@@ -73,6 +73,7 @@ def decode_costs(pair, tokenizer, folder=None, recalibrate: bool = False) -> Sec
     findings.append(Finding("auto", "info", f"acceptance by position on the calibration prompt ({seed}): "
                                             f"{_verdict(cal, pair.max_block_size, first)}"))
     findings += context_findings(cal, pair.max_block_size, context_limit(pair.target))
+    findings += batch_findings(cal, pair.max_block_size)
     return Section("Decode costs (--block-size auto)", tuple(findings),
                    {**cal.to_dict(), "path": str(cal.path) if cal.path else None, "cached": cal.cached})
 
@@ -106,6 +107,47 @@ def context_findings(cal, max_block: int, limit=None) -> list:
         findings.append(Finding(f"{context} tokens", "info",
                                 f"{how}: plain step {1e3 * table.plain:.2f} ms; cycle in plain steps by block "
                                 f"({cycles}); {_verdict(cal, max_block, context)}"))
+    return findings
+
+
+# Batch sizes doctor shows the batch policy's choice for.
+BATCH_SIZES = (1, 2, 4, 8, 16)
+
+
+def batch_findings(cal, max_block: int) -> list:
+    """A batched cycle's cost against the total rows in it, one line per measured size (the
+    target pass; the drafter pass were those rows all drafted), the overhead, and what the
+    batch policy would choose for 1..16 sequences that accept as the calibration prompt did."""
+    from ...engine.adaptive.acceptance import AcceptanceEstimate
+    from ...engine.adaptive.batch_policy import SequenceView
+
+    costs = cal.batch
+    if costs is None:
+        return [Finding("batch", "info", "no batch costs in this calibration (one made by hand)")]
+    one = costs.target_cost(1)
+    findings = []
+    for R, seconds in sorted(costs.target.items()):
+        how = "measured" if R in costs.draft else "extended"
+        draft = "" if R < 2 else f"; drafter pass over {R} drafted rows {1e3 * costs.draft_cost(R):.2f} ms ({how})"
+        findings.append(Finding(f"{R} row{'s' if R > 1 else ''}", "info",
+                                f"target pass {1e3 * seconds:.2f} ms ({seconds / one:.1f}x one row){draft}"))
+    findings.append(Finding("batch overhead", "info", f"{1e3 * costs.overhead:.2f} ms a cycle (a plain step "
+                                                      "less its target pass)"))
+    if costs.per_context:
+        grow = ", ".join(f"{B}: {1e6 * s:.2f}" for B, s in sorted(costs.per_context.items()))
+        findings.append(Finding("batch by context", "info", f"what one sequence's rows add per token of its context "
+                                                            f"past {costs.context_from}, in microseconds, by its "
+                                                            f"block (1 = a plain row): {grow}"))
+    choices = []
+    for n in BATCH_SIZES:
+        seqs = [SequenceView(256, 0, max_block, AcceptanceEstimate(max_block - 1, cal.acceptance))] * n
+        policy = cal.batch_policy()
+        blocks = policy.choose(seqs)
+        lead = policy.rate(seqs, blocks) / policy.rate(seqs, [1] * n)
+        sizes = f"block {blocks[0]}" if min(blocks) == max(blocks) else f"blocks {min(blocks)}-{max(blocks)}"
+        choices.append(f"{n}: " + ("all plain" if max(blocks) == 1 else f"{sizes}, {lead:.2f}x plain"))
+    findings.append(Finding("batch policy", "info", "for N sequences accepting as the calibration prompt did: "
+                                                    + "; ".join(choices)))
     return findings
 
 

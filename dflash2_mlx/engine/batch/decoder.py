@@ -1,0 +1,215 @@
+"""Continuous batching with speculation: many sequences, one target pass per cycle.
+
+`BatchDecoder.step()` runs one prompt chunk of the oldest joining sequence
+(a long prompt never stalls the others for more than a chunk), then one cycle
+of every running sequence: each adds its rows to one target pass (its anchor
+and drafted block, or one plain row), the drafting ones are drafted together
+in one drafter pass, and each then accepts, rolls back and commits on its own
+(passes.py, docs/batching.md). Sequences join with `add` and leave with
+`remove` between steps. It knows nothing about text: ids in, `DecodeStep`s out.
+
+Each sequence's block is its own policy's (a fixed block, or the seeded
+sequence's clock-free schedule) or, for auto sequences, the batch policy's
+(`adaptive.batch_policy`): the block of every sequence that maximises the
+batch's committed tokens per second at the pass cost of the batch's total rows.
+"""
+
+import time
+from typing import Optional
+
+import mlx.core as mx
+
+from ...errors import DFlashError
+from ..adaptive.batch_policy import SequenceView
+from ..decode.verify import accept_greedy, accept_sampled
+from ..decode.constrained import grammar_propose
+from ..decode.state import CycleOutcome, DecodeCache, DecodeStep, LastVerify
+from ..drafter.propose import propose
+from ..pair import Pair
+from ..target.adapter import Undo
+from ..tree.cycle import PlannedTree, finish_tree, plan_tree
+from ..tree.verify import tree_views
+from .passes import batch_blocker, draft_pass, target_pass
+from .sequence import BatchSequence, SequenceSettings
+
+__all__ = ["BatchDecoder", "BatchSequence", "SequenceSettings", "batch_blocker"]
+
+
+class BatchDecoder:
+    """Runs up to `max_batch` sequences of `pair` together. `policy`: a
+    `BatchPolicy` (or None: every sequence follows its own policy)."""
+
+    def __init__(self, pair: Pair, max_batch: int = 8, policy=None):
+        why = batch_blocker(pair)
+        if why is not None:
+            raise DFlashError(f"target '{pair.target.model_type}' cannot batch: {why}")
+        if max_batch < 1:
+            raise DFlashError(f"max batch {max_batch}: run at least one sequence")
+        self.pair, self.max_batch, self.policy = pair, max_batch, policy
+        self.sequences: list[BatchSequence] = []
+        self.passes = 0  # batched target passes run
+        self.last_pass: tuple[int, int] = (0, 0)  # (sequences, rows) of the latest pass
+        self.last_blocks: list[int] = []  # each sequence's block in it (1: a plain row)
+
+    # -- joining and leaving ------------------------------------------------------------
+    def add(self, prompt, settings: SequenceSettings = SequenceSettings(),
+            prompt_cache: Optional[DecodeCache] = None) -> BatchSequence:
+        """A new sequence; its prompt runs chunk by chunk in the next steps."""
+        if len(self.sequences) >= self.max_batch:
+            raise DFlashError(f"the batch is full ({self.max_batch} sequences): remove one first")
+        if self.pair.drafter is None and settings.block_size not in (None, 1):
+            settings = SequenceSettings(**{**settings.__dict__, "block_size": None})
+        seq = BatchSequence(self.pair, prompt, settings, prompt_cache)
+        self.sequences.append(seq)
+        return seq
+
+    def remove(self, seq: BatchSequence) -> None:
+        """Take `seq` out (finished, stopped by its caller or cancelled); its caches stay at rest."""
+        if seq in self.sequences:
+            self.sequences.remove(seq)
+        seq.close()
+
+    @property
+    def full(self) -> bool:
+        return len(self.sequences) >= self.max_batch
+
+    # -- one step -------------------------------------------------------------------------
+    def step(self) -> list[tuple[BatchSequence, DecodeStep]]:
+        """One prompt chunk of the oldest joining sequence, then one cycle of
+        every running one; the steps they committed. Finished sequences stay
+        until removed (`seq.finished`)."""
+        out = []
+        joining = [s for s in self.sequences if s.anchor is None and not s.finished]
+        running = [s for s in self.sequences if s.running]
+        if joining:
+            first = joining[0].prefill_chunk()
+            if first is not None:
+                out.append((joining[0], first))
+        if running:
+            out.extend(zip(running, self._cycle(running)))
+        return out
+
+    def _cycle(self, seqs: list[BatchSequence]) -> list[DecodeStep]:
+        tic = time.perf_counter()
+        blocks, chosen = self._blocks(seqs)
+        for s in seqs:
+            s.largest_batch = max(s.largest_batch, len(seqs))
+        keys = [s.next_keys(b > 1) for s, b in zip(seqs, blocks)]
+        drafts = self._draft(seqs, blocks, keys)
+        groups = [_group(s, d) for s, d in zip(seqs, drafts)]
+        passes = target_pass(self.pair, groups)
+        picks = [None if isinstance(d, PlannedTree) else self._pick(s, d, p[0][0], k)
+                 for s, d, p, k in zip(seqs, drafts, passes, keys)]
+        fetched = _fetch_all([p for p in picks if p is not None])
+        self.passes += 1
+        self.last_pass = (len(seqs), sum(t.size for t, _ in groups))
+        steps = []
+        for s, d, g, p, pick in zip(seqs, drafts, groups, passes, picks):
+            if isinstance(d, PlannedTree):
+                outcome = finish_tree(d, s.cache, g[1], p[0][:, 0], None if p[1] is None else p[1][:, 0],
+                                      sampling=s.sampling, transform=s.transform, left=s.left, rule=s.rule,
+                                      profiler=s.profiler)
+            else:
+                outcome = self._outcome(s, d, (p[0][0], None if p[1] is None else p[1][:1], g[0]),
+                                        fetched.pop(0))
+            steps.append(s.commit(outcome, plain=d is None))
+        if chosen:  # what the cycle the policy chose took: it corrects its costs by it
+            drafted_rows = sum(b for b in blocks if b > 1)
+            self.policy.observe_pass(self.last_pass[1], drafted_rows, time.perf_counter() - tic)
+        self.last_blocks = blocks
+        return steps
+
+    def _blocks(self, seqs: list[BatchSequence]) -> tuple[list[int], bool]:
+        """Each sequence's block this cycle (1: a plain row), and whether the batch policy chose them."""
+        own = [s.choice.block if s.choice is not None else 1 for s in seqs]
+        if self.pair.drafter is None:
+            return [1] * len(seqs), False
+        free = [i for i, s in enumerate(seqs) if s.settings.batch_decides and s.rule is None and not s.tree_rows]
+        if self.policy is None or not free:
+            return own, False
+        views = [SequenceView(tokens_left=s.left, context=s.context, max_block=s.block,
+                              acceptance=s.acceptance(), fixed=None if i in free else own[i])
+                 for i, s in enumerate(seqs)]
+        return list(self.policy.choose(views)), True
+
+    def _draft(self, seqs, blocks, keys) -> list:
+        """Per sequence: None (a plain row), (proposal, grammar masks), or a PlannedTree."""
+        idx = [i for i, b in enumerate(blocks) if b > 1]
+        out = [None] * len(seqs)
+        if not idx:
+            return out
+        pair = self.pair
+        drafted = draft_pass(pair, [seqs[i].anchor for i in idx], [blocks[i] for i in idx],
+                             [seqs[i].pending.take() for i in idx], [seqs[i].cache.drafter for i in idx])
+        for i, (hidden, logits) in zip(idx, drafted):
+            s, (k_draft, k_accept) = seqs[i], keys[i]
+            if s.tree_rows:
+                out[i] = plan_tree(pair, s.anchor, hidden, logits, rows=s.tree_rows, sampling=s.sampling,
+                                   key=k_accept, rule=s.rule, profiler=s.profiler)
+            elif s.grammar is None:
+                out[i] = (propose(pair.drafter, logits, hidden, s.anchor, s.sampling, s.transform, k_draft,
+                                  pair.selector_transform), None)
+            else:
+                out[i] = grammar_propose(pair.drafter, logits, hidden, s.anchor, s.sampling, s.transform, k_draft,
+                                         pair.selector_transform, s.grammar)
+        return out
+
+    def _pick(self, s: BatchSequence, drafted, logits, keys):
+        """The tokens this sequence takes from its rows [n, V] (lazy): (accepted, bonus) or the plain token."""
+        if drafted is None:
+            row = logits[0] if s.rule is None else s.rule.plain(logits[0], s.cache.tokens)
+            return (s.sample(row, keys[0]), row)
+        prop, masks = drafted
+        rows = logits if s.rule is None else s.rule.block(logits, s.cache.tokens, prop.draft, masks)
+        if s.sampling.greedy:
+            a, bonus = accept_greedy(prop.draft, rows)
+        else:
+            a, bonus = accept_sampled(prop.draft, prop.q_full, rows, s.transform, keys[1])
+        return (mx.concatenate([prop.draft, bonus[None], a[None]]), rows)
+
+    def _outcome(self, s: BatchSequence, drafted, passed, fetched) -> CycleOutcome:
+        """The cycle outcome of one sequence, its rejected rows rolled back (chain.py's rule).
+        `passed`: its logits [n, V], features [1, n, F] and rows [1, n]."""
+        logits, features, tokens_in = passed
+        undo = Undo(tokens_in, None)  # batched targets' caches all trim (passes.batch_blocker)
+        values, processed = fetched
+        target = self.pair.target
+        if drafted is None:  # a plain row: its token, the row kept
+            token = values[0]
+            logprobs = s.rule.logprobs(processed[None], [token]) if s.rule is not None else None
+            return CycleOutcome((token,), verify_rows=1, features=features, logprobs=logprobs)
+        a, bonus = values[-1], values[-2]
+        tokens = tuple(values[:a]) + (bonus,)
+        keep = a + 1
+        if len(tokens) > s.left:  # the last block verified one draft past the limit
+            tokens, keep = tokens[: s.left], s.left
+        target.rollback(s.cache.target, undo, keep)
+        n = drafted[0].draft.size
+        logprobs = s.rule.logprobs(processed, tokens) if s.rule is not None else None
+        return CycleOutcome(tokens, accepted=a, drafted=n, verify_rows=n + 1, logprobs=logprobs,
+                            features=None if features is None else features[:, :keep],
+                            undo=LastVerify.after_rollback(target, undo, keep))
+
+
+def _group(s: BatchSequence, drafted) -> tuple:
+    """What `s` adds to the target pass: (tokens [rows, n], layer members)."""
+    anchor = mx.array([[s.anchor]], dtype=mx.int32)
+    if drafted is None:
+        return anchor, s.cache.target
+    if isinstance(drafted, PlannedTree):
+        return mx.array(drafted.tree.tokens, dtype=mx.int32)[:, None], tree_views(s.cache.target, drafted.tree)
+    return mx.concatenate([anchor, drafted[0].draft.astype(mx.int32)[None]], axis=1), s.cache.target
+
+
+def _fetch_all(picks: list) -> list:
+    """Every sequence's picked tokens in one host synchronisation: (values, processed rows)."""
+    if not picks:
+        return []
+    flat = mx.concatenate([p[0].reshape(-1).astype(mx.int32) for p in picks])
+    values = flat.tolist()
+    out, at = [], 0
+    for value, row in picks:
+        n = value.size
+        out.append((values[at : at + n], row))
+        at += n
+    return out

@@ -1,0 +1,175 @@
+"""The worker's loop when requests share target passes (continuous batching).
+
+Up to `max_batch` requests run at once in one `BatchDecoder`: every step it
+runs one 256-token block of the oldest joining request's uncached prompt
+(kept in the prompt cache as it goes) or one prefill chunk, then one cycle of
+every running request. A request leaves between steps when it finishes, hits a
+stop string or EOS, or its client goes away; the next queued one joins. Work
+that must run alone (the race) waits until the batch is empty. Each request's
+text is `TextStream`'s, exactly as `stream_generate` makes it alone.
+"""
+
+import logging
+import queue
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..engine.batch.decoder import BatchDecoder, BatchSequence, SequenceSettings
+from ..engine.decode.state import DecodeCache
+from ..errors import DFlashError
+from ..text.generate import GenerationResponse, TextStream, plan_generation
+from .jobs import Delta, Failed, Finished, Job, Started
+
+log = logging.getLogger("dflash2.serve")
+
+
+@dataclass
+class _Running:
+    job: Job
+    ids: list
+    cache: DecodeCache
+    reuse: object
+    stream: Optional[TextStream] = None
+    plan: object = None
+    warming: bool = True  # the prompt's uncached whole blocks are still running
+    n: int = 0
+    last: Optional[GenerationResponse] = None
+    seq: Optional[BatchSequence] = field(default=None, repr=False)
+
+
+class BatchRunner:
+    """Runs the service's jobs in batches; `run()` returns at the stop job."""
+
+    def __init__(self, service, max_batch: int, policy=None):
+        self.service, self.max_batch = service, max_batch
+        self.decoder = BatchDecoder(service.pair, max_batch, policy)
+        self.running: list[_Running] = []
+        self.tasks: list = []  # work that runs alone, once the batch is empty
+        self.stopping = False
+
+    def run(self) -> None:
+        while True:
+            if not self.running:
+                for task in self.tasks:
+                    self.service.run_task(task)
+                self.tasks.clear()
+                self.service.pool.flush()  # disk writes when idle, never in front of a token
+                if self.stopping:
+                    return
+            self._take_jobs()
+            if self.running:
+                self._step()
+
+    # -- the queue ----------------------------------------------------------------------
+    def _take_jobs(self) -> None:
+        """Admit queued requests while there is room; wait for one when idle."""
+        service = self.service
+        while not self.stopping and len(self.running) < self.max_batch:
+            idle = not self.running and not self.tasks
+            try:
+                job = service.next_job(block=idle)
+            except queue.Empty:
+                return
+            if job is None:
+                self.stopping = True
+            elif not isinstance(job, Job):
+                self.tasks.append(job)
+                if not self.running:
+                    return
+            else:
+                self._admit(job)
+
+    def _admit(self, job: Job) -> None:
+        service = self.service
+        if job.cancelled.is_set():  # the client left while the request waited
+            service.metrics.cancelled += 1
+            service.job_done()
+            return
+        ids = list(job.request.prompt_ids)
+        cache, reuse = service.pool.take(ids)
+        job.post(Started(len(ids), reuse.tokens))
+        self.running.append(_Running(job, ids, cache, reuse))
+        service.active = len(self.running)
+
+    # -- one step -------------------------------------------------------------------------
+    def _step(self) -> None:
+        warming = next((r for r in self.running if r.warming), None)
+        if warming is not None:
+            self._warm(warming)  # one block of its prompt, or it joins the decoder; the others' cycle follows
+        passes = self.decoder.passes
+        try:
+            steps = self.decoder.step()
+        except Exception as e:  # a bug: every request in the batch ends with one line
+            log.exception("batched generation failed")
+            line = f"internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            for r in list(self.running):
+                self._fail(r, Failed(line))
+            self.decoder = BatchDecoder(self.service.pair, self.max_batch, self.decoder.policy)
+            return
+        by_seq = {id(r.seq): r for r in self.running if r.seq is not None}
+        for seq, step in steps:
+            r = by_seq[id(seq)]
+            for response in r.stream.feed(step):
+                r.n, r.last = r.n + 1, response
+                r.job.post(Delta(response.text, response.token, response.logprobs, response.from_draft))
+            if r.stream.done or seq.finished:
+                self._finish(r, cancelled=False)
+        if self.decoder.passes > passes:
+            committed = sum(len(step.tokens) for _, step in steps if step.verify_rows)
+            self.service.metrics.record_pass(*self.decoder.last_pass, committed)
+        self.service.active = len(self.running)
+        for r in list(self.running):
+            if r.job.cancelled.is_set():
+                self._finish(r, cancelled=True)
+
+    def _warm(self, r: _Running) -> bool:
+        """One whole block of `r`'s uncached prompt, or, when none is left, `r` joins the decoder."""
+        service = self.service
+        try:
+            if service.pool.extend(r.cache, r.ids, service.prefill_step_size, max_blocks=1):
+                return True
+            prompt = list(r.ids[len(r.cache.tokens) - 1 :]) if r.cache.tokens else list(r.ids)
+            request, trees = r.job.request, service.tree_rows if service.pair.drafter is not None else 0
+            r.plan = plan_generation(service.pair, service.tokenizer, prompt, max_tokens=request.max_tokens,
+                                     sampling=request.sampling, block_size=service.block_size,
+                                     calibration=service.calibration, prompt_cache=r.cache, grammar=request.grammar,
+                                     logits_processors=request.logits_processors(),
+                                     top_logprobs=request.top_logprobs, tree_rows=trees, batched=True)
+        except DFlashError as e:
+            self._fail(r, Failed(str(e), 400))
+            return False
+        seeded = request.sampling.seed is not None and not request.sampling.greedy
+        settings = SequenceSettings(
+            max_tokens=r.plan.max_tokens, sampling=request.sampling, block_size=r.plan.block, policy=r.plan.policy,
+            batch_decides=r.plan.auto and not seeded, prefill_step_size=service.prefill_step_size, tree_rows=trees,
+            **r.plan.rows)
+        r.seq = self.decoder.add(r.plan.ids, settings, prompt_cache=r.cache)
+        r.stream = TextStream(service.pair, service.tokenizer, r.plan, request.stop, r.seq.profiler, trees)
+        r.warming = False
+        return False
+
+    # -- leaving -------------------------------------------------------------------------
+    def _finish(self, r: _Running, cancelled: bool) -> None:
+        service = self.service
+        self.running.remove(r)
+        self.decoder.remove(r.seq)
+        r.cache.truncate(r.plan.history + len(r.plan.ids) + r.n)  # tokens past a stop were never returned
+        if service.at_rest(r.cache):
+            service.pool.put(r.cache)
+        stats = None if cancelled or r.last is None else r.last.stats
+        finish = "cancelled" if cancelled else (r.last.finish_reason or "length")
+        eos = r.last is not None and r.last.token in set(getattr(service.tokenizer, "eos_token_ids", None) or [])
+        service.metrics.record(len(r.ids), r.reuse.tokens, r.n, stats, cancelled, cached_disk=r.reuse.disk)
+        r.job.post(Finished(finish, len(r.ids), r.n, r.reuse.tokens, eos, stats, cached_disk=r.reuse.disk,
+                            batch=r.seq.largest_batch, max_batch=self.max_batch))
+        service.job_done()
+        service.active = len(self.running)
+
+    def _fail(self, r: _Running, failed: Failed) -> None:
+        if r in self.running:
+            self.running.remove(r)
+        if r.seq is not None:
+            self.decoder.remove(r.seq)
+        r.job.post(failed)
+        self.service.job_done()
+        self.service.active = len(self.running)
