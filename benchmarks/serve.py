@@ -30,7 +30,8 @@ non-empty content chunk: queueing included, what a client of a loaded server see
 p90 over every request; inter-token latency, the gaps between consecutive content chunks as
 they arrive (a chunk may carry several tokens, and chunks written together arrive together),
 median and p90, and the time per output token after the first, median; the largest
-`usage.dflash2_batch` a request reported (absent before batching); each arm's tokens/s over
+`usage.dflash2_batch.size` a request reported, the server's `max_batch` and any note on why
+requests ran alone (absent before batching); each arm's tokens/s over
 mlx_lm.server's and over the best dflash2 arm's at that client count. At T = 0 every arm
 should write the same text: each request's `parity` says whether its text equals the first
 arm's for the same prompt (recorded, not asserted).
@@ -146,9 +147,10 @@ def arm_command(name: str, args, has_max_batch: bool) -> tuple[list[str], list[s
     return [sys.executable, "-m", "dflash2_mlx.cli", "serve"], flags, args.model
 
 
-def batch_of(usage: dict):
-    """The largest batch the request ran in, as the server says (None before batching)."""
-    return usage.get("dflash2_batch", (usage.get("dflash2") or {}).get("batch"))
+def batch_of(usage: dict) -> dict:
+    """`usage.dflash2_batch` (docs/batching.md): `size`, the most requests that shared a target
+    pass with this one; `max_batch`, the server's; `note`, why it ran alone. {} before batching."""
+    return usage.get("dflash2_batch") or {}
 
 
 def concurrent_phase(url: str, model: str, clients: int, args) -> tuple[float, list[dict]]:
@@ -182,7 +184,8 @@ def summarise(name: str, clients: int, phases: list[tuple[float, list[dict]]]) -
     tpots = [(r["arrivals_s"][-1] - r["arrivals_s"][0]) / (r["usage"]["completion_tokens"] - 1) for r in rows
              if r["usage"]["completion_tokens"] > 1 and len(r["arrivals_s"]) > 1]
     tps = [sum(r["usage"]["completion_tokens"] for r in rs) / wall for wall, rs in phases]
-    batches = [b for r in rows if (b := batch_of(r["usage"])) is not None]
+    batches = [batch_of(r["usage"]) for r in rows]
+    sizes = [b["size"] for b in batches if b.get("size") is not None]
     spec = [r["usage"]["dflash2"] for r in rows if r["usage"].get("dflash2")]
     passes = sum(s["target_passes"] for s in spec)
     committed = sum(s["mean_acceptance_length"] * s["target_passes"] for s in spec)
@@ -195,8 +198,9 @@ def summarise(name: str, clients: int, phases: list[tuple[float, list[dict]]]) -
         "itl_median_s": statistics.median(gaps) if gaps else None, "itl_p90_s": quantile(gaps, 0.9),
         "tpot_median_s": statistics.median(tpots) if tpots else None,
         "latency_median_s": statistics.median(r["latency_s"] for r in rows),
-        "batch_max": max(batches) if batches else None,
-        "batch_mean": statistics.mean(batches) if batches else None,
+        "batch_max": max(sizes) if sizes else None, "batch_mean": statistics.mean(sizes) if sizes else None,
+        "server_max_batch": max((b["max_batch"] for b in batches if b.get("max_batch")), default=None),
+        "batch_notes": sorted({b["note"] for b in batches if b.get("note")}),
         "mean_acceptance_length": committed / passes if passes else None,
         "parity": statistics.mean(r["parity"] for r in rows),
     }
@@ -234,7 +238,7 @@ def run_all(args, has_max_batch: bool) -> tuple[list[dict], list[dict], dict]:
                 requests += [{"arm": name, "repeat": rep, "clients": clients, "client": r["client"],
                               "prompt": r["prompt"], "ttft_s": r["ttft_s"], "latency_s": r["latency_s"],
                               "completion_tokens": r["usage"]["completion_tokens"], "chunks": len(r["arrivals_s"]),
-                              "batch": batch_of(r["usage"]), "parity": r["parity"]} for r in rows]
+                              "batch": batch_of(r["usage"]).get("size"), "parity": r["parity"]} for r in rows]
     arms = [{"arm": a, "command": commands[a], "runs": [summarise(a, c, phases[a, c]) for c in args.clients]}
             for a in args.arms]
     return arms, requests, reference

@@ -162,6 +162,10 @@ def test_sixteen_clients_mixed_load(servers):
     # The long prompt arrived mid-run: a third were done, and others finished after it was sent.
     assert long_sent["finished_before"] >= CLIENTS * PER_CLIENT // 3 and long_sent["finished_after"] >= 1
     assert results[LONG_AT]["usage"]["prompt_tokens"] >= 900
+    # A server that batches (usage.dflash2_batch, docs/batching.md) did run these requests together.
+    batches = [r["usage"]["dflash2_batch"] for r in results.values() if (r.get("usage") or {}).get("dflash2_batch")]
+    if any(b["max_batch"] > 1 for b in batches):
+        assert max(b["size"] for b in batches) > 1, batches
 
     # Every request finished, or was cancelled, as asked.
     for key, r in results.items():
@@ -217,4 +221,5 @@ def test_sixteen_clients_mixed_load(servers):
         assert got["status"] == ref["status"] == 200 and got["text"] == ref["text"], spec["body"]
         cached.append((got["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0))
     assert cached[0] >= 512 and cached[1] > 0, cached  # the prefixes did come from the cache
-    print(f"concurrent phase {concurrent_s:.1f} s, {len(distinct)} distinct requests replayed")
+    print(f"concurrent phase {concurrent_s:.1f} s, {len(distinct)} distinct requests replayed, "
+          f"largest batch {max((b['size'] for b in batches), default=None)}")
