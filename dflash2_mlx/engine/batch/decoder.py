@@ -104,7 +104,7 @@ class BatchDecoder:
         self.passes += 1
         self.last_pass = (len(seqs), sum(t.size for t, _ in groups))
         steps = []
-        for s, d, g, p, pick in zip(seqs, drafts, groups, passes, picks):
+        for s, d, g, p in zip(seqs, drafts, groups, passes):
             if isinstance(d, PlannedTree):
                 outcome = finish_tree(d, s.cache, g[1], p[0][:, 0], None if p[1] is None else p[1][:, 0],
                                       sampling=s.sampling, transform=s.transform, left=s.left, rule=s.rule,
