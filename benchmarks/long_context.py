@@ -22,7 +22,8 @@ Per context, two parts:
    generation_tps), τ, peak memory during the arm (the prefilled caches
    included), the drafter's KV bytes and whether its tokens equal --ar's.
 
---prefill-only runs part 1 alone (contexts whose decode arms take too long).
+--prefill-only runs part 1 alone (contexts whose decode arms take too long); --decode-only
+part 2 alone, and --arms picks its arms (e.g. `--arms ar auto --repeats 5`).
 --cache-tiers adds time to first token through the block prompt cache: cold,
 warm from memory and warm from disk after a restart (a new cache on the same
 folder). The same through a real server: benchmarks/prompt_cache_ttft.py. Results are written after each context (atomically), so a run cut
@@ -137,9 +138,10 @@ def decode_arm(pair, tokenizer, ids, cache: DecodeCache, arm: str, args, calibra
 
 def decode_part(pairs, tokenizer, ids, args, calibration) -> dict:
     full, windowed = pairs
-    arms = ["ar", *(f"block_{b}" for b in args.blocks), "auto"]
-    caches = {"all": prefilled(full, tokenizer, ids), "window": prefilled(windowed, tokenizer, ids)}
-    order = arms + ["window"]
+    order = args.arms or ["ar", *(f"block_{b}" for b in args.blocks), "auto", "window"]
+    caches = {"all": prefilled(full, tokenizer, ids)}
+    if "window" in order:
+        caches["window"] = prefilled(windowed, tokenizer, ids)
     runs = {a: [] for a in order}
     for r in range(args.repeats):
         for arm in order[r % len(order):] + order[: r % len(order)]:
@@ -169,9 +171,16 @@ def main(argv=None):
     ap.add_argument("--cache-tiers", action="store_true", help="also time to first token warm from memory and disk")
     ap.add_argument("--prefill-only", action="store_true", help="only part 1 (long contexts whose decode arms "
                                                                 "would not fit the time at hand)")
+    ap.add_argument("--decode-only", action="store_true", help="only part 2 (the decode arms, e.g. repeated)")
+    ap.add_argument("--arms", nargs="+", default=None,
+                    help="decode arms to run (ar, block_N, auto, window; default: all); 'ar' is the reference")
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args(argv)
+    if args.arms is not None and "ar" not in args.arms:
+        raise SystemExit("error: --arms must include ar (the reference every arm is compared with)")
     positions = args.max_positions or max(args.contexts) + args.max_tokens + 64
+    if args.decode_only and args.prefill_only:
+        raise SystemExit("error: --decode-only and --prefill-only leave nothing to run: give one of them")
     if args.repeats < 1 or args.max_tokens < 1 or max(args.contexts) + args.max_tokens > positions:
         raise SystemExit("error: --repeats and --max-tokens must be at least 1, and every context plus "
                          "--max-tokens must fit --max-positions")
@@ -179,7 +188,8 @@ def main(argv=None):
               "backend": backend_name(), "machine": platform.machine(), "processor": platform.processor(),
               "pair": "builtin look-alike (long rope)", "max_positions": positions, "max_tokens": args.max_tokens,
               "blocks": args.blocks, "draft_window": args.draft_window, "repeats": args.repeats,
-              "calibration_tokens": CALIBRATION_TOKENS, "prefill_only": args.prefill_only, "contexts": {}}
+              "calibration_tokens": CALIBRATION_TOKENS, "prefill_only": args.prefill_only,
+              "decode_only": args.decode_only, "arms": args.arms, "contexts": {}}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         folders = long_rope_folders(Path(tmp), positions)
@@ -191,11 +201,12 @@ def main(argv=None):
             ids = context_ids(tokenizer, context)
             if calibration is None and not args.prefill_only:
                 calibration = load_or_calibrate(full, None, ids[:CALIBRATION_TOKENS])
-            prefill = prefill_part(folders, context, args)
-            print(f"context {context:,} prefill: " + "; ".join(
-                f"{a} {v['prompt_tps']:.0f} tok/s ({v['prompt_tps_vs_mlx_lm']:.2f}x, CPU time {v['prompt_cpu_tps_vs_mlx_lm']:.2f}x) "
-                f"{v['peak_memory_bytes'] / 1e6:.1f} MB ({v['peak_memory_vs_mlx_lm']:.2f}x)"
-                for a, v in prefill.items()), flush=True)
+            prefill = None if args.decode_only else prefill_part(folders, context, args)
+            if prefill is not None:
+                print(f"context {context:,} prefill: " + "; ".join(
+                    f"{a} {v['prompt_tps']:.0f} tok/s ({v['prompt_tps_vs_mlx_lm']:.2f}x, CPU time "
+                    f"{v['prompt_cpu_tps_vs_mlx_lm']:.2f}x) {v['peak_memory_bytes'] / 1e6:.1f} MB "
+                    f"({v['peak_memory_vs_mlx_lm']:.2f}x)" for a, v in prefill.items()), flush=True)
             record["contexts"][str(context)] = {"prefill": prefill}
             if args.prefill_only:
                 atomic_write_text(args.json, json.dumps(record, indent=1) + "\n")

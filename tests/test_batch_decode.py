@@ -88,12 +88,19 @@ def test_builtin_pair_batches_token_identically():
 
 
 def test_plain_sequences_batch_without_a_drafter():
+    """Plain rows only: each pass is launched before the last one's tokens are fetched
+    (ahead.py); sequences that join, leave early or sample with a seed decode as alone."""
     pair = _pair("qwen3").without_drafter()
     requests = [dict(r, block=None, tree=0) for r in _requests(pair.target.vocab_size, seed=1)]
-    got, _, decoder = _run_batch(pair, requests)
+    samplings = [SamplingParams(temperature=0.9, seed=7 + i) if i % 2 else SamplingParams()
+                 for i in range(len(requests))]
+    got, seqs, decoder = _run_batch(pair, requests, samplings=samplings, leave={1: 6, 2: 3}, join_every=3)
     for i, r in enumerate(requests):
-        assert got[i] == _alone(pair, r)
-    assert decoder.last_pass[1] == decoder.last_pass[0]  # one row per sequence
+        alone = _alone(pair, r, samplings[i])
+        assert got[i] == (alone[: len(got[i])] if i in (1, 2) else alone), f"sequence {i}"
+        cache = seqs[i].cache  # at rest: the look-ahead row of a sequence that left is taken back
+        assert cache.target[0].offset == len(cache.tokens) - 1
+    assert len(got[1]) < requests[1]["max_tokens"] and decoder.last_pass[1] == decoder.last_pass[0]
 
 
 def test_seeded_sequences_sample_what_they_sample_alone_whoever_shares_the_batch():

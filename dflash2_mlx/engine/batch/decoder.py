@@ -29,6 +29,8 @@ from ..pair import Pair
 from ..target.adapter import Undo
 from ..tree.cycle import PlannedTree, finish_tree, plan_tree
 from ..tree.verify import tree_views
+from ..decode.loop import decide
+from .ahead import LookAhead
 from .passes import batch_blocker, draft_pass, target_pass
 from .sequence import BatchSequence, SequenceSettings
 
@@ -50,6 +52,7 @@ class BatchDecoder:
         self.passes = 0  # batched target passes run
         self.last_pass: tuple[int, int] = (0, 0)  # (sequences, rows) of the latest pass
         self.last_blocks: list[int] = []  # each sequence's block in it (1: a plain row)
+        self._ahead: Optional[LookAhead] = None  # the next all-plain pass, launched early
 
     # -- joining and leaving ------------------------------------------------------------
     def add(self, prompt, settings: SequenceSettings = SequenceSettings(),
@@ -67,6 +70,8 @@ class BatchDecoder:
         """Take `seq` out (finished, stopped by its caller or cancelled); its caches stay at rest."""
         if seq in self.sequences:
             self.sequences.remove(seq)
+        if self._ahead is not None:
+            self._ahead.drop(seq)
         seq.close()
 
     @property
@@ -86,23 +91,31 @@ class BatchDecoder:
             if first is not None:
                 out.append((joining[0], first))
         if running:
-            out.extend(zip(running, self._cycle(running)))
+            steps, ran = self._cycle(running)
+            out.extend(zip(ran, steps))
         return out
 
     def _cycle(self, seqs: list[BatchSequence]) -> list[DecodeStep]:
         tic = time.perf_counter()
-        blocks, chosen = self._blocks(seqs)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead.seqs:  # launched last cycle: newcomers join the next one
+            seqs, blocks, chosen, keys = ahead.seqs, [1] * len(ahead.seqs), ahead.chosen, ahead.keys
+            drafts, passes, picks = [None] * len(seqs), ahead.passes, ahead.picks
+            groups = [(None, s.cache.target) for s in seqs]
+        else:
+            blocks, chosen = self._blocks(seqs)
+            keys = [s.next_keys(b > 1) for s, b in zip(seqs, blocks)]
+            drafts = self._draft(seqs, blocks, keys)
+            groups = [_group(s, d) for s, d in zip(seqs, drafts)]
+            passes = target_pass(self.pair, groups)
+            picks = [None if isinstance(d, PlannedTree) else self._pick(s, d, p[0][0], k)
+                     for s, d, p, k in zip(seqs, drafts, passes, keys)]
         for s in seqs:
             s.largest_batch = max(s.largest_batch, len(seqs))
-        keys = [s.next_keys(b > 1) for s, b in zip(seqs, blocks)]
-        drafts = self._draft(seqs, blocks, keys)
-        groups = [_group(s, d) for s, d in zip(seqs, drafts)]
-        passes = target_pass(self.pair, groups)
-        picks = [None if isinstance(d, PlannedTree) else self._pick(s, d, p[0][0], k)
-                 for s, d, p, k in zip(seqs, drafts, passes, keys)]
+        decided = self._look_ahead(seqs, blocks, picks)
         fetched = _fetch_all([p for p in picks if p is not None])
         self.passes += 1
-        self.last_pass = (len(seqs), sum(t.size for t, _ in groups))
+        self.last_pass = (len(seqs), sum(1 if t is None else t.size for t, _ in groups))
         steps = []
         for s, d, g, p in zip(seqs, drafts, groups, passes):
             if isinstance(d, PlannedTree):
@@ -112,22 +125,39 @@ class BatchDecoder:
             else:
                 outcome = self._outcome(s, d, (p[0][0], None if p[1] is None else p[1][:1], g[0]),
                                         fetched.pop(0))
-            steps.append(s.commit(outcome, plain=d is None))
+            steps.append(s.commit(outcome, plain=d is None, decided=decided))
         if chosen:  # what the cycle the policy chose took: it corrects its costs by it
             drafted_rows = sum(b for b in blocks if b > 1)
             self.policy.observe_pass(self.last_pass[1], drafted_rows, time.perf_counter() - tic)
         self.last_blocks = blocks
-        return steps
+        return steps, seqs
 
-    def _blocks(self, seqs: list[BatchSequence]) -> tuple[list[int], bool]:
-        """Each sequence's block this cycle (1: a plain row), and whether the batch policy chose them."""
+    def _look_ahead(self, seqs: list[BatchSequence], blocks: list[int], picks: list) -> bool:
+        """After an all-plain cycle, decide the next one now (as the single-sequence loop
+        decides before it fetches a plain token) and, when it is all plain too, launch it
+        (ahead.py). Returns whether the sequences' own policies have decided already."""
+        if any(b != 1 for b in blocks) or any(s.rule is not None or s.grammar is not None for s in seqs):
+            return False
+        for s in seqs:  # their next cycle, from the tokens left after this one and this context
+            s.choice = decide(s.policy, s.left - 1, s.context)
+        if any(s.left <= 1 for s in seqs) or any(s.running and s not in seqs for s in self.sequences):
+            return True  # someone finishes, or a newcomer waits to join: the next pass is not this set
+        nxt, chosen = self._blocks(seqs, context_ahead=1)
+        if any(b != 1 for b in nxt):
+            return True
+        self._ahead = LookAhead.launch(self.pair, seqs, [p[0] for p in picks], chosen)
+        return True
+
+    def _blocks(self, seqs: list[BatchSequence], context_ahead: int = 0) -> tuple[list[int], bool]:
+        """Each sequence's block this cycle (1: a plain row), and whether the batch policy chose them.
+        `context_ahead`: decided that many tokens before the cycle's context (a look-ahead)."""
         own = [s.choice.block if s.choice is not None else 1 for s in seqs]
         if self.pair.drafter is None:
             return [1] * len(seqs), False
         free = [i for i, s in enumerate(seqs) if s.settings.batch_decides and s.rule is None and not s.tree_rows]
         if self.policy is None or not free:
             return own, False
-        views = [SequenceView(tokens_left=s.left, context=s.context, max_block=s.block,
+        views = [SequenceView(tokens_left=s.left - context_ahead, context=s.context + context_ahead, max_block=s.block,
                               acceptance=s.acceptance(), fixed=None if i in free else own[i])
                  for i, s in enumerate(seqs)]
         return list(self.policy.choose(views)), True

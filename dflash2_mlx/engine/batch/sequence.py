@@ -98,16 +98,17 @@ class BatchSequence:
         self._check_done()
         return DecodeStep((token,), (False,), logprobs=logprobs)
 
-    def commit(self, outcome, plain: bool) -> DecodeStep:
+    def commit(self, outcome, plain: bool, decided: bool = False) -> DecodeStep:
         """The loop's commit tail for this sequence's cycle outcome (`plain`: a plain row,
-        not a drafted block), then its own next decision."""
+        not a drafted block), then its own next decision (`decided`: made already)."""
         context = len(self.cache.tokens)
         self.left = commit_outcome(outcome, self.cache, self.pending, self.policy, self.pair.drafter, self.left,
                                    self.grammar)
         self.anchor = outcome.tokens[-1]
         # The single-sequence loop decides after a plain step before committing its
         # token, after a speculative cycle after committing them.
-        self.choice = decide(self.policy, self.left, context if plain else len(self.cache.tokens))
+        if not decided:
+            self.choice = decide(self.policy, self.left, context if plain else len(self.cache.tokens))
         self._check_done()
         return outcome.step()
 
