@@ -232,14 +232,13 @@ def _group(s: BatchSequence, drafted) -> tuple:
 
 
 def _fetch_all(picks: list) -> list:
-    """Every sequence's picked tokens in one host synchronisation: (values, processed rows)."""
-    if not picks:
-        return []
-    flat = mx.concatenate([p[0].reshape(-1).astype(mx.int32) for p in picks])
-    values = flat.tolist()
-    out, at = [], 0
-    for value, row in picks:
-        n = value.size
-        out.append((values[at : at + n], row))
-        at += n
-    return out
+    """Every sequence's picked tokens in one host synchronisation: (values, processed rows).
+    (One `eval` of them all, then each read: no new array, so picks a look-ahead has
+    computed already cost nothing more.)"""
+    mx.eval([value for value, _ in picks])
+    return [(_ints(value.tolist()), row) for value, row in picks]
+
+
+def _ints(value) -> list:
+    """A read array as a flat list of ints (a 0-d token reads as one int)."""
+    return [value] if isinstance(value, int) else list(value)

@@ -38,6 +38,9 @@ def target_pass(pair: Pair, groups: Sequence[tuple]):
     sequence's own target caches (its rows are appended to them), or a tree's
     nodes as [N, 1] with its `tree_views` (nothing is written; finish_tree does).
     Returns per group (logits [rows, n, V], features [rows, n, F] or None)."""
+    if len(groups) == 1:  # one sequence: its own caches (or tree views) as they are, no padding to mask
+        tokens, members = groups[0]
+        return [pair.target(tokens, members, pair.layer_ids)]
     width = max(t.shape[1] for t, _ in groups)
     tokens = mx.concatenate([t if t.shape[1] == width else mx.pad(t, [(0, 0), (0, width - t.shape[1])])
                              for t, _ in groups])
@@ -58,6 +61,9 @@ def draft_pass(pair: Pair, anchors: Sequence[int], blocks: Sequence[int], pendin
     drafter pass; `pending[i]`: features [1, p, F] of its committed rows the drafter has
     not seen (they enter `caches[i]` first). Returns per sequence (hidden [b-1, H], logits [b-1, V])."""
     drafter, target = pair.drafter, pair.target
+    if len(blocks) == 1:  # one sequence: its own draft, as alone
+        ids = mx.array([[anchors[0]] + [pair.mask_token_id] * (blocks[0] - 1)], dtype=mx.int32)
+        return [drafter.draft(ids, pending[0], caches[0], target)]
     width, mask = max(blocks), pair.mask_token_id
     ids = mx.array([[a] + [mask] * (width - 1) for a in anchors], dtype=mx.int32)  # padding rows are masks too
     counts = [0 if p is None else p.shape[1] for p in pending]
