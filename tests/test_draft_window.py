@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from dflash2_mlx.engine.decode.state import DecodeCache
+from dflash2_mlx.engine.drafter.model import CachedContext
 from dflash2_mlx.engine.drafter.context_caches import SINK_ROWS, SinkWindowCache
 from dflash2_mlx.engine.sampling import SamplingParams
 from dflash2_mlx.errors import DFlashError
@@ -114,6 +115,8 @@ class CutContext:
     def keys_values(self, attn, block=None):
         kc, vc = attn.keys_values(self.context, 0)
         return kc[:, :, self.rows], vc[:, :, self.rows], self.P, None
+
+    with_block = staticmethod(CachedContext.with_block)
 
 
 def _reference(drafter, block, feats, rows):

@@ -220,7 +220,7 @@ MESSAGES = [{"role": "user", "content": "Write a story about a cat."}]
 @pytest.fixture(scope="module")
 def one_slot(tmp_path_factory):
     """A server that runs one request and queues none."""
-    s = Server("--max-queue", "0", tmp=tmp_path_factory.mktemp("serve-one-slot"))
+    s = Server("--max-queue", "0", "--max-batch", "1", tmp=tmp_path_factory.mktemp("serve-one-slot"))
     try:
         yield s
     finally:

@@ -144,7 +144,7 @@ def submit(service: EngineService, request):
         return service.submit(request)
     except QueueFull:
         wait = retry_after_s(service.metrics.mean_generation_s)
-        raise ApiError(429, f"the queue is full ({service.max_queue} requests waiting): retry in about {wait} s",
+        raise ApiError(429, f"the server is full ({service.running_limit} running, {service.max_queue} waiting): retry in about {wait} s",
                        headers={"Retry-After": str(wait)}) from None
     except ShuttingDown:
         raise ApiError(503, "the server is shutting down: retry on another instance") from None

@@ -74,7 +74,7 @@ def routes(service: EngineService, settings: ServeSettings, race: Optional[Calla
         try:
             task = service.submit_task(work)
         except QueueFull:
-            raise ApiError(429, f"the queue is full ({service.max_queue} requests waiting): retry later") from None
+            raise ApiError(429, f"the server is full ({service.running_limit} running, {service.max_queue} waiting): retry later") from None
         except ShuttingDown:
             raise ApiError(503, "the server is shutting down") from None
         try:
