@@ -191,7 +191,7 @@ def test_batched_sampling_matches_the_target_distribution():
 
     target, cfg = tiny_target()
     pair = Pair.make(target, tiny_drafter(cfg, "dflash2"))
-    settings, n = SamplingParams(temperature=1.0), 1200
+    settings, n = SamplingParams(temperature=1.0), 600
     counts, seed = {}, 0
     while seed < n:
         decoder, seqs = BatchDecoder(pair, max_batch=8), []
