@@ -143,6 +143,8 @@ def test_serve_refuses_bad_settings_in_one_line_before_loading(cli):
     assert code == 1 and err.count("\n") == 1 and "--api-key" in err and "--allow-unauthenticated" in err
     code, _, err = cli(["serve", "--cache-bytes", "lots"])
     assert code == 1 and err.count("\n") == 1 and "--cache-bytes" in err
+    code, _, err = cli(["serve", "--max-batch", "0"])
+    assert code == 1 and err.count("\n") == 1 and "--max-batch 0" in err
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
