@@ -76,7 +76,7 @@ def chat(
     probe = build_prompt(tokenizer, SUITES["code"][0])
     block_size, calibration = o.block_plan(pair, o.parse_block_size(block_size), probe, max_tokens, recalibrate,
                                            ranks=rank is not None, tree=tree,
-                                           seeded=sampling.seed is not None and not sampling.greedy)
+                                           seeded=sampling.seeded)
     view = ui.ChatView(color=color)
     prompt_cache = None
     if cache_dir is not None:  # disk only: the session's own caches are the memory tier

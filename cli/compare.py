@@ -81,7 +81,7 @@ def compare(
     o.check_tree_fits(pair, tree)
     # Refuses a block size this drafter cannot draft before any work; auto reads (or measures) the costs.
     block_size, calibration = o.block_plan(pair, block_size, ids, max_tokens, recalibrate, tree=tree,
-                                           seeded=sampling.seed is not None and not sampling.greedy)
+                                           seeded=sampling.seeded)
     quiet = json_output
 
     def on_arm(phase, arm, repeat):

@@ -78,7 +78,7 @@ def generate(
     o.check_tree_fits(pair, 0 if ar else tree)
     block_size, calibration = o.block_plan(pair, block_size, ids, max_tokens, recalibrate,
                                            ranks=rank is not None, tree=0 if ar else tree,
-                                           seeded=sampling.seed is not None and not sampling.greedy)
+                                           seeded=sampling.seeded)
     progress = o.PrefillProgress.on_stderr()
     responses = stream_generate(
         pair, tokenizer, ids, max_tokens=max_tokens, sampling=sampling, block_size=block_size,

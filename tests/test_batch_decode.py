@@ -7,7 +7,6 @@ runs chunk by chunk between the others' cycles, and a sequence that leaves
 keeps caches a later turn continues from.
 """
 
-import mlx.core as mx
 import numpy as np
 import pytest
 

@@ -45,6 +45,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def seeded(self) -> bool:
+        """Sampling from a seed: what it draws must not depend on the clock or the batch."""
+        return self.seed is not None and not self.greedy
+
 
 def make_logprobs_transform(params: SamplingParams) -> Callable[[mx.array], mx.array]:
     """logits [..., V] -> unnormalised log-probabilities of the target distribution.

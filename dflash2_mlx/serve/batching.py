@@ -18,7 +18,8 @@ from ..engine.batch.decoder import BatchDecoder, BatchSequence, SequenceSettings
 from ..engine.decode.state import DecodeCache
 from ..errors import DFlashError
 from ..text.generate import GenerationResponse, TextStream, plan_generation
-from .jobs import Delta, Failed, Finished, Job, Started
+from ..text.prompt_cache import still_to_run
+from .jobs import Delta, Failed, Job, Started
 
 log = logging.getLogger("dflash2.serve")
 
@@ -89,7 +90,6 @@ class BatchRunner:
         cache, reuse = service.pool.take(ids)
         job.post(Started(len(ids), reuse.tokens))
         self.running.append(_Running(job, ids, cache, reuse))
-        service.active = len(self.running)
 
     # -- one step -------------------------------------------------------------------------
     def _step(self) -> None:
@@ -117,18 +117,17 @@ class BatchRunner:
         if self.decoder.passes > passes:
             committed = sum(len(step.tokens) for _, step in steps if step.verify_rows)
             self.service.metrics.record_pass(*self.decoder.last_pass, committed)
-        self.service.active = len(self.running)
         for r in list(self.running):
             if r.job.cancelled.is_set():
                 self._finish(r, cancelled=True)
 
-    def _warm(self, r: _Running) -> bool:
+    def _warm(self, r: _Running) -> None:
         """One whole block of `r`'s uncached prompt, or, when none is left, `r` joins the decoder."""
         service = self.service
         try:
             if service.pool.extend(r.cache, r.ids, service.prefill_step_size, max_blocks=1):
-                return True
-            prompt = list(r.ids[len(r.cache.tokens) - 1 :]) if r.cache.tokens else list(r.ids)
+                return
+            prompt = still_to_run(r.cache, r.ids)
             request, trees = r.job.request, service.tree_rows if service.pair.drafter is not None else 0
             r.plan = plan_generation(service.pair, service.tokenizer, prompt, max_tokens=request.max_tokens,
                                      sampling=request.sampling, block_size=service.block_size,
@@ -137,16 +136,14 @@ class BatchRunner:
                                      top_logprobs=request.top_logprobs, tree_rows=trees, batched=True)
         except DFlashError as e:
             self._fail(r, Failed(str(e), 400))
-            return False
-        seeded = request.sampling.seed is not None and not request.sampling.greedy
+            return
         settings = SequenceSettings(
             max_tokens=r.plan.max_tokens, sampling=request.sampling, block_size=r.plan.block, policy=r.plan.policy,
-            batch_decides=r.plan.auto and not seeded, prefill_step_size=service.prefill_step_size, tree_rows=trees,
-            **r.plan.rows)
+            batch_decides=r.plan.auto and not request.sampling.seeded, prefill_step_size=service.prefill_step_size,
+            tree_rows=trees, **r.plan.rows)
         r.seq = self.decoder.add(r.plan.ids, settings, prompt_cache=r.cache)
         r.stream = TextStream(service.pair, service.tokenizer, r.plan, request.stop, r.seq.profiler, trees)
         r.warming = False
-        return False
 
     # -- leaving -------------------------------------------------------------------------
     def _finish(self, r: _Running, cancelled: bool) -> None:
@@ -156,14 +153,8 @@ class BatchRunner:
         r.cache.truncate(r.plan.history + len(r.plan.ids) + r.n)  # tokens past a stop were never returned
         if service.at_rest(r.cache):
             service.pool.put(r.cache)
-        stats = None if cancelled or r.last is None else r.last.stats
-        finish = "cancelled" if cancelled else (r.last.finish_reason or "length")
-        eos = r.last is not None and r.last.token in set(getattr(service.tokenizer, "eos_token_ids", None) or [])
-        service.metrics.record(len(r.ids), r.reuse.tokens, r.n, stats, cancelled, cached_disk=r.reuse.disk)
-        r.job.post(Finished(finish, len(r.ids), r.n, r.reuse.tokens, eos, stats, cached_disk=r.reuse.disk,
-                            batch=r.seq.largest_batch, max_batch=self.max_batch))
+        service.report(r.job, r.ids, r.reuse, r.n, r.last, cancelled, batch=r.seq.largest_batch)
         service.job_done()
-        service.active = len(self.running)
 
     def _fail(self, r: _Running, failed: Failed) -> None:
         if r in self.running:
@@ -172,4 +163,3 @@ class BatchRunner:
             self.decoder.remove(r.seq)
         r.job.post(failed)
         self.service.job_done()
-        self.service.active = len(self.running)

@@ -71,7 +71,7 @@ class EngineService:
         # caches need, once the pair is loaded. `batch_note`: why this pair runs one at a time.
         self.max_batch = max_batch
         self.batch_note: Optional[str] = None
-        self.active = 0  # requests running now (1 at most without batching)
+        self._runner: Optional[BatchRunner] = None  # the batch loop, when requests share passes
         self.cache_bytes = cache_bytes
         # The prompt cache (docs/prompt-cache.md): blocks in memory and, with a
         # folder, on disk across restarts; conversation tails in memory.
@@ -160,8 +160,14 @@ class EngineService:
         return max(self.max_batch or 1, 1) if self.batch_note is None else 1
 
     @property
+    def active(self) -> int:
+        """Requests running now: the batch's, or the one generation (or task) running alone."""
+        return len(self._runner.running) if self._runner is not None else int(self._busy)
+
+    @property
     def queue_length(self) -> int:
         """Requests waiting for the model (the running ones not counted)."""
+        # A task runs alone, outside the batch: busy then, with no request running.
         return max(0, self._outstanding - max(self.active, int(self._busy)))
 
     @property
@@ -203,6 +209,7 @@ class EngineService:
             finally:
                 self._ready.set()
             if runner is not None:
+                self._runner = runner
                 runner.run()
                 return
             while True:
@@ -260,14 +267,18 @@ class EngineService:
             job.post(outcome)
             return
         ids, reuse, n, last, cancelled = outcome
-        cached = reuse.tokens
+        self.report(job, ids, reuse, n, last, cancelled)
+        self.pool.flush()  # disk writes after the answer, never before it
+
+    def report(self, job: Job, ids: list, reuse, n: int, last, cancelled: bool, batch: int = 1) -> None:
+        """The end of an answer: into the metrics, and `Finished` to its client
+        (`last`: its final response; `batch`: the most requests it shared a pass with)."""
         eos = last is not None and last.token in set(getattr(self.tokenizer, "eos_token_ids", None) or [])
         stats = None if cancelled or last is None else last.stats
         finish = "cancelled" if cancelled else (last.finish_reason or "length")
-        self.metrics.record(len(ids), cached, n, stats, cancelled, cached_disk=reuse.disk)
-        job.post(Finished(finish, len(ids), n, cached, eos, stats, cached_disk=reuse.disk,
+        self.metrics.record(len(ids), reuse.tokens, n, stats, cancelled, cached_disk=reuse.disk)
+        job.post(Finished(finish, len(ids), n, reuse.tokens, eos, stats, cached_disk=reuse.disk, batch=batch,
                           max_batch=self.running_limit, batch_note=self.batch_note))
-        self.pool.flush()  # disk writes after the answer, never before it
 
     def follow(self) -> None:
         """A follower rank: run every request rank 0 sends, as it does, until

@@ -83,8 +83,7 @@ def plan_generation(pair: Pair, tokenizer, prompt: Union[str, Sequence[int]], *,
     if auto and max_tokens > 1:
         # Seeded sampling: a schedule that does not depend on the clock, so the
         # same seed gives the same tokens (docs/adaptive.md, "Seeds reproduce").
-        seeded = sampling.seed is not None and not sampling.greedy
-        clock = None if seeded or batched else time.perf_counter
+        clock = None if sampling.seeded or batched else time.perf_counter
         policy = (calibration or measure(pair, ids)).policy(B, clock=clock)
     return GenerationPlan(ids, history, max_tokens, B, auto, policy, rows)
 

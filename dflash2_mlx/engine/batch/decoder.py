@@ -15,6 +15,7 @@ batch's committed tokens per second at the pass cost of the batch's total rows.
 """
 
 import time
+from dataclasses import replace
 from typing import Optional
 
 import mlx.core as mx
@@ -61,7 +62,7 @@ class BatchDecoder:
         if len(self.sequences) >= self.max_batch:
             raise DFlashError(f"the batch is full ({self.max_batch} sequences): remove one first")
         if self.pair.drafter is None and settings.block_size not in (None, 1):
-            settings = SequenceSettings(**{**settings.__dict__, "block_size": None})
+            settings = replace(settings, block_size=None)
         seq = BatchSequence(self.pair, prompt, settings, prompt_cache)
         self.sequences.append(seq)
         return seq

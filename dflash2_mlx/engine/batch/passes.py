@@ -61,11 +61,10 @@ def draft_pass(pair: Pair, anchors: Sequence[int], blocks: Sequence[int], pendin
     drafter pass; `pending[i]`: features [1, p, F] of its committed rows the drafter has
     not seen (they enter `caches[i]` first). Returns per sequence (hidden [b-1, H], logits [b-1, V])."""
     drafter, target = pair.drafter, pair.target
-    if len(blocks) == 1:  # one sequence: its own draft, as alone
-        ids = mx.array([[anchors[0]] + [pair.mask_token_id] * (blocks[0] - 1)], dtype=mx.int32)
-        return [drafter.draft(ids, pending[0], caches[0], target)]
     width, mask = max(blocks), pair.mask_token_id
     ids = mx.array([[a] + [mask] * (width - 1) for a in anchors], dtype=mx.int32)  # padding rows are masks too
+    if len(blocks) == 1:  # one sequence: its own draft, as alone
+        return [drafter.draft(ids, pending[0], caches[0], target)]
     counts = [0 if p is None else p.shape[1] for p in pending]
     features = None
     if any(counts):

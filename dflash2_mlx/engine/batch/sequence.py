@@ -9,7 +9,6 @@ beside the others'; every rule of a cycle is the single-sequence loop's.
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-import mlx.core as mx
 
 from ..decode.loop import cache_for, check_prompt, commit_outcome, decide, prefill_chunks, row_rule
 from ..decode.profile import CycleProfiler

@@ -59,6 +59,11 @@ class _Block:
     nbytes: int
 
 
+def still_to_run(cache: DecodeCache, ids: list[int]) -> list[int]:
+    """The part of prompt `ids` that `cache` has not run: from its last committed token on."""
+    return list(ids[len(cache.tokens) - 1 :]) if cache.tokens else list(ids)
+
+
 class PromptCache:
     """Blocks (memory, then disk) and conversation tails for one pair."""
 
@@ -125,7 +130,7 @@ class PromptCache:
         `put` them back (and `flush` when idle)."""
         cache, reuse = self.take(ids)
         self.extend(cache, ids, prefill_step_size, progress)
-        return cache, (list(ids[len(cache.tokens) - 1 :]) if cache.tokens else list(ids)), reuse
+        return cache, still_to_run(cache, ids), reuse
 
     def _held(self, keys: list[str]) -> int:
         """How many leading blocks are in memory or on disk (disk files not yet read)."""
