@@ -68,13 +68,19 @@ def cast_floating(model, dtype) -> None:
     ))
 
 
+def majority_dtype(counts) -> mx.Dtype:
+    """The dtype holding the most elements among (dtype, count) pairs (fp32 when there are none):
+    from loaded weights here, from safetensors headers in `doctor`."""
+    sizes: dict = {}
+    for dtype, count in counts:
+        sizes[dtype] = sizes.get(dtype, 0) + count
+    return max(sizes, key=sizes.get) if sizes else mx.float32
+
+
 def stored_float_dtype(model: nn.Module) -> mx.Dtype:
     """The float dtype most of `model`'s float weights were stored in (fp32 when it has none)."""
-    sizes: dict = {}
-    for _, x in tree_flatten(model.parameters()):
-        if mx.issubdtype(x.dtype, mx.floating):
-            sizes[x.dtype] = sizes.get(x.dtype, 0) + x.size
-    return max(sizes, key=sizes.get) if sizes else mx.float32
+    return majority_dtype((x.dtype, x.size) for _, x in tree_flatten(model.parameters())
+                          if mx.issubdtype(x.dtype, mx.floating))
 
 
 def has_experts(model: nn.Module) -> bool:

@@ -2,6 +2,7 @@
 headers, KV caches from config.json, their total against the device's memory."""
 
 import json
+import math
 import struct
 from pathlib import Path
 from typing import Optional
@@ -92,16 +93,11 @@ def target_activation(folder: Path, config: dict) -> str:
     import mlx.core as mx
 
     from ...device import target_activation_dtype
+    from ...loading.checkpoints import majority_dtype
 
-    sizes: dict = {}
-    for f in sorted(Path(folder).glob("*.safetensors")):
-        for t in safetensors_header(f).values():
-            if t["dtype"] in _MX_FLOATS:
-                count = 1
-                for d in t["shape"]:
-                    count *= d
-                sizes[t["dtype"]] = sizes.get(t["dtype"], 0) + count
-    stored = getattr(mx, _MX_FLOATS[max(sizes, key=sizes.get)]) if sizes else mx.float32
+    stored = majority_dtype((getattr(mx, _MX_FLOATS[t["dtype"]]), math.prod(t["shape"]))
+                            for f in sorted(Path(folder).glob("*.safetensors"))
+                            for t in safetensors_header(f).values() if t["dtype"] in _MX_FLOATS)
     c = text_config(config)
     experts = any(c.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
     quantized = bool(config.get("quantization") or config.get("quantization_config"))
