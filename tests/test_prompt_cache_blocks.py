@@ -54,13 +54,14 @@ def test_same_tokens_with_and_without_each_tier(pairs, family, tmp_path):
     pair, tok = pairs[family]
     asks = [SYSTEM + [11, 12, 13], SYSTEM + [21, 22], SYSTEM[:40] + [31, 32, 33, 34]]
     cold = [answer(pair, tok, ids)[0] for ids in asks]
-    memory = PromptCache(pair, CacheSettings(block_tokens=S))
+    # Snapshots (qwen3_5, muse_glimmer) every 2 blocks: thinned, and the branch below still ends at one.
+    memory = PromptCache(pair, CacheSettings(block_tokens=S, snapshot_every=2))
     got = [answer(pair, tok, ids, memory) for ids in asks]
     assert [g[0] for g in got] == cold
     assert got[1][1].tokens >= 64 and got[1][1].disk == 0  # the shared system prompt, from memory
     assert got[2][1].tokens >= 32  # a branch reuses the blocks before the edit
     # Disk only (no memory tier), then a restart: a new cache over the same folder.
-    disk = CacheSettings(block_tokens=S, memory_bytes=0, folder=tmp_path)
+    disk = CacheSettings(block_tokens=S, memory_bytes=0, folder=tmp_path, snapshot_every=2)
     first = [answer(pair, tok, ids, PromptCache(pair, disk)) for ids in asks]
     assert [g[0] for g in first] == cold
     again = [answer(pair, tok, ids, PromptCache(pair, disk)) for ids in asks]
