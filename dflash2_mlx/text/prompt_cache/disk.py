@@ -154,7 +154,7 @@ class DiskTier:
                 self.writes += 1
                 self._evict()
         except OSError as e:
-            tmp.unlink(missing_ok=True)
+            _unlink(tmp)
             if e.errno in self._failed:
                 return None
             self._failed.add(e.errno)
@@ -201,3 +201,11 @@ def _remove_if_orphaned(path: Path) -> None:
     except PermissionError:
         return
     path.unlink(missing_ok=True)
+
+
+def _unlink(path: Path) -> None:
+    """Remove `path` if it can be (the folder itself may be what failed)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
