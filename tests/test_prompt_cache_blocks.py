@@ -304,3 +304,9 @@ def test_an_edit_in_a_thinned_stretch_resumes_at_the_snapshot_before_it(pairs, f
     assert out == answer(pair, tok, edited)[0] and reuse.tokens == reuse.disk == 7 * S  # its own end snapshot
     out, reuse = answer(pair, tok, PROMPT, restarted)
     assert out == answer(pair, tok, PROMPT)[0] and reuse.disk == 7 * S
+
+
+def test_cache_snapshot_every_below_one_is_one_line(cli):
+    code, out, err = cli(["serve", "--cache-snapshot-every", "0"])
+    assert code != 0 and "--cache-snapshot-every 0" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
