@@ -16,6 +16,9 @@ at the last block with a snapshot and runs the rows after it again.
 New blocks go to disk on the writer's thread (writer.py): they wait in
 `pending` (still readable) until written, and `flush` waits for the writes.
 Only one thread (the service's worker, or the chat) uses a cache.
+
+(Past 300 lines: the tiers, the tails and the writer's hand-off meet here;
+the file format, the layers and the writer itself live apart.)
 """
 
 import threading
