@@ -111,7 +111,10 @@ def chat(
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:  # not on every platform
         pass
-    chat_loop(session, input if rank is None else rank.reader(input, pair.target), view)
+    try:
+        chat_loop(session, input if rank is None else rank.reader(input, pair.target), view)
+    finally:
+        session.close()  # --cache-dir: the blocks still queued reach the disk before the chat ends
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,13 @@ CacheBytes = Annotated[
 CacheDiskBytes = Annotated[
     str, typer.Option("--cache-disk-bytes", help="Disk bound of --cache-dir, e.g. 16GB (least recently used blocks go first)."),
 ]
+CacheSnapshotEvery = Annotated[
+    Optional[int],
+    typer.Option("--cache-snapshot-every", metavar="N",
+                 help="Recurrent and sliding-window targets: keep their state in the prompt cache every N blocks of "
+                      "256 tokens and at each prompt's end (fewer bytes; a prefix resumes at a kept one). Default: 4.",
+                 show_default=False),
+]
 MaxQueue = Annotated[int, typer.Option("--max-queue", help="Requests that may wait while the batch is full; more get 429.")]
 MaxBatch = Annotated[
     Optional[int],
@@ -74,6 +81,7 @@ def serve(
     cache_bytes: CacheBytes = "4GB",
     cache_dir: CacheDir = None,
     cache_disk_bytes: CacheDiskBytes = "16GB",
+    cache_snapshot_every: CacheSnapshotEvery = None,
     max_queue: MaxQueue = 32,
     max_batch: MaxBatch = None,
     chat_template_config: o.ChatTemplateConfig = None,
@@ -100,6 +108,9 @@ def serve(
         import warnings
 
         warnings.warn("--cache-disk-bytes does nothing without --cache-dir (the prompt cache stays in memory)")
+    if cache_snapshot_every is not None and cache_snapshot_every < 1:
+        raise DFlashError(f"--cache-snapshot-every {cache_snapshot_every} must be at least 1 "
+                          "(1: a snapshot at every block)")
     if max_queue < 0:
         raise DFlashError(f"--max-queue {max_queue} must be 0 or more")
     if max_batch is not None and max_batch < 1:
@@ -154,7 +165,7 @@ def serve(
         return pair, tokenizer
 
     service = EngineService(load, max_queue=max_queue, cache_bytes=limit, cache_dir=cache_dir,
-                            cache_disk_bytes=disk_limit, tree_rows=0 if ar else tree, max_batch=max_batch)
+                            cache_disk_bytes=disk_limit, cache_snapshot_every=cache_snapshot_every, tree_rows=0 if ar else tree, max_batch=max_batch)
     if rank is not None:
         _join_ranks(service, rank)
         if rank.rank != 0:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -54,13 +55,14 @@ def test_same_tokens_with_and_without_each_tier(pairs, family, tmp_path):
     pair, tok = pairs[family]
     asks = [SYSTEM + [11, 12, 13], SYSTEM + [21, 22], SYSTEM[:40] + [31, 32, 33, 34]]
     cold = [answer(pair, tok, ids)[0] for ids in asks]
-    memory = PromptCache(pair, CacheSettings(block_tokens=S))
+    # Snapshots (qwen3_5, muse_glimmer) every 2 blocks: thinned, and the branch below still ends at one.
+    memory = PromptCache(pair, CacheSettings(block_tokens=S, snapshot_every=2))
     got = [answer(pair, tok, ids, memory) for ids in asks]
     assert [g[0] for g in got] == cold
     assert got[1][1].tokens >= 64 and got[1][1].disk == 0  # the shared system prompt, from memory
     assert got[2][1].tokens >= 32  # a branch reuses the blocks before the edit
     # Disk only (no memory tier), then a restart: a new cache over the same folder.
-    disk = CacheSettings(block_tokens=S, memory_bytes=0, folder=tmp_path)
+    disk = CacheSettings(block_tokens=S, memory_bytes=0, folder=tmp_path, snapshot_every=2)
     first = [answer(pair, tok, ids, PromptCache(pair, disk)) for ids in asks]
     assert [g[0] for g in first] == cold
     again = [answer(pair, tok, ids, PromptCache(pair, disk)) for ids in asks]
@@ -177,7 +179,9 @@ def test_chat_resumes_a_conversation_from_disk(pairs, tmp_path):
         return ChatSession(pair, tok, system_prompt=system, max_tokens=6, block_size=4,
                            prompt_cache=PromptCache(pair, settings))
 
-    first = session().ask("hello there")
+    one = session()
+    first = one.ask("hello there")
+    one.close()  # the end of a chat: its queued blocks reach the disk
     second = session()
     again = second.ask("hello there")
     assert again.tokens == first.tokens and first.disk_tokens == 0
@@ -206,3 +210,103 @@ def test_chat_progress_counts_the_blocks_and_the_rest_as_one_prompt(pairs, tmp_p
     totals = {total for _, total in seen}
     assert len(totals) == 1 and seen[-1][0] == seen[-1][1] == len(turn.prompt_ids)
     assert [d for d, _ in seen] == sorted(d for d, _ in seen) and seen[0][0] > 0  # blocks first, then the rest
+
+
+# -- the disk writer's thread ---------------------------------------------------------
+
+def test_blocks_are_written_off_the_calling_thread_and_read_while_queued(pairs, tmp_path):
+    """With the writer held up (its lock taken here), `put` returns with no
+    block file written; the queued blocks still hit (memory is off); after
+    `flush` every file is there and a restart reads them."""
+    pair, tok = pairs["qwen3"]
+    settings = CacheSettings(block_tokens=S, memory_bytes=0, folder=tmp_path)
+    cold, _ = answer(pair, tok, SYSTEM + [5])
+    pcache = PromptCache(pair, settings)
+    with pcache.disk._lock:  # the writer waits for it before renaming a file into place
+        cache, prompt, _ = pcache.prepare(SYSTEM + [5])
+        out = [r.token for r in stream_generate(pair, tok, prompt, max_tokens=8, block_size=4, prompt_cache=cache)]
+        pcache.put(cache)
+        assert out == cold and not block_files(tmp_path) and pcache.pending
+        again, reuse = answer_unflushed(pair, tok, SYSTEM + [5], pcache)
+        assert again == cold and reuse.tokens == 64 and reuse.disk == 0  # from the queue, not a half file
+    pcache.flush()
+    keys = block_keys(pcache.fingerprint, SYSTEM, S)
+    assert all((tmp_path / f"{key}.safetensors").exists() for key in keys) and not pcache.pending
+    out, reuse = answer(pair, tok, SYSTEM + [5], PromptCache(pair, settings))
+    assert out == cold and reuse.disk == 64
+
+
+def block_files(folder):
+    return [p for p in folder.glob("*.safetensors") if not p.name.startswith(".tmp-")]
+
+
+def answer_unflushed(pair, tokenizer, ids, pcache, n=8):
+    cache, prompt, reuse = pcache.prepare(ids)
+    out = [r.token for r in stream_generate(pair, tokenizer, prompt, max_tokens=n, block_size=4, prompt_cache=cache)]
+    pcache.put(cache)
+    return out, reuse
+
+
+def test_a_folder_that_fails_every_write_is_one_line(pairs, tmp_path):
+    pair, tok = pairs["qwen3"]
+    folder = tmp_path / "cache"
+    lines = []
+    pcache = PromptCache(pair, CacheSettings(block_tokens=S, folder=folder), warn=lines.append)
+    folder.rmdir()
+    folder.write_text("not a folder any more")  # every write fails (ENOTDIR), as a full or read-only disk would
+    asks = [SYSTEM + [5], [150 + i for i in range(40)], SYSTEM[:20] + [9]]
+    for ids in asks:
+        assert answer(pair, tok, ids, pcache)[0] == answer(pair, tok, ids)[0]
+    pcache.close()
+    assert len(lines) == 1 and "cannot write" in lines[0] and str(folder) in lines[0], lines
+    assert pcache.stats()["disk_writes"] == 0 and not pcache.pending
+
+
+# -- snapshot thinning (recurrent and window layers) ----------------------------------
+
+PROMPT = SYSTEM + [(11 * i + 5) % 200 + 5 for i in range(45)]  # 115 ids: 7 whole blocks before the last
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "muse_glimmer"])
+def test_thinned_snapshots_give_the_same_tokens_in_fewer_bytes(pairs, family, tmp_path):
+    pair, tok = pairs[family]
+    full = PromptCache(pair, CacheSettings(block_tokens=S, snapshot_every=1))
+    thin = PromptCache(pair, CacheSettings(block_tokens=S, snapshot_every=3, folder=tmp_path))
+    cold = answer(pair, tok, PROMPT)[0]
+    assert answer(pair, tok, PROMPT, full)[0] == cold == answer(pair, tok, PROMPT, thin)[0]
+    snaps = {name: sorted(k for k in c._blocks if k.endswith("-snapshot")) for name, c in [("full", full), ("thin", thin)]}
+    keys = block_keys(thin.fingerprint, PROMPT[:-1], S)
+    # Blocks 3 and 6 (every third) and 7, the prompt's end; the rows of all seven blocks.
+    assert snaps["thin"] == sorted(f"{keys[k]}-snapshot" for k in (2, 5, 6)) and len(snaps["full"]) == 7
+    one_snapshot = full._blocks[snaps["full"][0]].nbytes
+    assert thin.block_bytes == full.block_bytes - 4 * one_snapshot
+    assert len(list(tmp_path.glob("*-snapshot.safetensors"))) == 3
+    # The next turn resumes at the prompt's end (its snapshot is always kept).
+    longer = PROMPT[:113] + [7, 8, 9]  # past the blocks, short of the conversation tail
+    out, reuse = answer(pair, tok, longer, thin)
+    assert out == answer(pair, tok, longer)[0] and reuse.tokens == 7 * S
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "muse_glimmer"])
+def test_an_edit_in_a_thinned_stretch_resumes_at_the_snapshot_before_it(pairs, family, tmp_path):
+    """Snapshots after blocks 3 and 6 (and 7): an edit inside block 5 resumes
+    after block 3 (48 tokens), from memory and from disk after a restart, and
+    runs blocks 4 and 5 again; the first branch stays whole."""
+    pair, tok = pairs[family]
+    settings = CacheSettings(block_tokens=S, snapshot_every=3, folder=tmp_path)
+    pcache = PromptCache(pair, settings)
+    answer(pair, tok, PROMPT, pcache)
+    edited = PROMPT[:70] + [99] + PROMPT[71:]
+    out, reuse = answer(pair, tok, edited, pcache)
+    assert out == answer(pair, tok, edited)[0] and reuse.tokens == 3 * S
+    restarted = PromptCache(pair, replace(settings, memory_bytes=0))
+    out, reuse = answer(pair, tok, edited, restarted)
+    assert out == answer(pair, tok, edited)[0] and reuse.tokens == reuse.disk == 7 * S  # its own end snapshot
+    out, reuse = answer(pair, tok, PROMPT, restarted)
+    assert out == answer(pair, tok, PROMPT)[0] and reuse.disk == 7 * S
+
+
+def test_cache_snapshot_every_below_one_is_one_line(cli):
+    code, out, err = cli(["serve", "--cache-snapshot-every", "0"])
+    assert code != 0 and "--cache-snapshot-every 0" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

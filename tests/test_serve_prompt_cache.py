@@ -183,3 +183,46 @@ def test_a_full_disk_budget_is_one_line_and_the_answer_is_unchanged(tmp_path_fac
     assert code == 0 and answers == [text, text]
     lines = [line for line in log.splitlines() if "--cache-disk-bytes" in line]
     assert len(lines) == 1 and not disk_files(folder), log
+
+
+def test_blocks_reach_the_disk_while_the_batch_keeps_running(tmp_path_factory, first):
+    """Under steady load the batch never empties: a long answer (EOS banned)
+    keeps running while a shorter prompt joins, runs and finishes; its block
+    files are written while the long answer still runs, not when the server
+    next goes idle (the writer has its own thread)."""
+    import threading
+
+    _, (text, _), _ = first
+    folder = tmp_path_factory.mktemp("busy")
+    server = Server(*ARGS, "--max-batch", "2", "--cache-dir", str(folder), tmp=tmp_path_factory.mktemp("e"))
+    started, done, leave = threading.Event(), threading.Event(), threading.Event()
+
+    def long_answer():
+        body = {"model": "builtin", "temperature": 0, "max_tokens": 1500, "stream": True, "logit_bias": {"0": -100},
+                "messages": [{"role": "user", "content": "Write a long Python module."}]}
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=300) as r:
+            for line in r.iter_lines():
+                started.set()
+                if leave.is_set():
+                    return  # the client goes away: the server cancels the answer
+                if line == "data: [DONE]":
+                    break
+        done.set()
+
+    reader = threading.Thread(target=long_answer, daemon=True)
+    reader.start()
+    try:
+        assert started.wait(120)
+        again, usage = ask(server, "Be brief.", QUESTION[:700])
+        assert again == text and cached(usage) == 0
+        whole = (usage["prompt_tokens"] - 1) // 256  # its whole blocks (the last token is never in one)
+        deadline = time.monotonic() + 60
+        while len(disk_files(folder)) < whole and time.monotonic() < deadline and not done.is_set():
+            time.sleep(0.05)
+        running = httpx.get(server.url + "/v1/dflash/state", timeout=10).json()["queue"]["running"]
+        assert whole >= 1 and len(disk_files(folder)) >= whole and not done.is_set() and running == 1
+    finally:
+        leave.set()
+        reader.join(timeout=120)
+        code, log = server.stop()
+    assert code == 0 and "Traceback" not in log, log

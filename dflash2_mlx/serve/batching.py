@@ -54,7 +54,6 @@ class BatchRunner:
                 for task in self.tasks:
                     self.service.run_task(task)
                 self.tasks.clear()
-                self.service.pool.flush()  # disk writes when idle, never in front of a token
                 if self.stopping:
                     return
             self._take_jobs()

@@ -17,6 +17,7 @@ import logging
 import queue
 import threading
 import time
+from dataclasses import replace
 from typing import Callable, Optional, Union
 
 import mlx.core as mx
@@ -56,6 +57,7 @@ class EngineService:
         cache_dir=None,
         cache_disk_bytes: int = 16 << 30,
         cache_block_tokens: int = 256,
+        cache_snapshot_every: Optional[int] = None,
         block_size: Union[int, str, None] = None,
         calibration=None,
         prefill_step_size: Optional[int] = None,
@@ -77,6 +79,8 @@ class EngineService:
         # folder, on disk across restarts; conversation tails in memory.
         self.cache_settings = CacheSettings(memory_bytes=cache_bytes, block_tokens=cache_block_tokens,
                                             folder=cache_dir, disk_bytes=cache_disk_bytes)
+        if cache_snapshot_every is not None:
+            self.cache_settings = replace(self.cache_settings, snapshot_every=cache_snapshot_every)
         self.block_size = block_size
         self.tree_rows = tree_rows  # rows per verify tree; 0: the chain (docs/tree.md)
         self.calibration = calibration  # for block_size "auto" (measured per request when None)
@@ -226,6 +230,8 @@ class EngineService:
                     with self._lock:
                         self._outstanding -= 1
         finally:
+            if self.pool is not None:
+                self.pool.close()  # at stop (SIGTERM too): the blocks still queued reach the disk
             # MLX keeps per-thread streams; without this the process aborts at
             # exit ("terminate called without an active exception").
             mx.synchronize()
@@ -267,8 +273,7 @@ class EngineService:
             job.post(outcome)
             return
         ids, reuse, n, last, cancelled = outcome
-        self.report(job, ids, reuse, n, last, cancelled)
-        self.pool.flush()  # disk writes after the answer, never before it
+        self.report(job, ids, reuse, n, last, cancelled)  # new blocks reach the disk on the writer's thread
 
     def report(self, job: Job, ids: list, reuse, n: int, last, cancelled: bool, batch: int = 1) -> None:
         """The end of an answer: into the metrics, and `Finished` to its client
@@ -287,7 +292,7 @@ class EngineService:
         self.pool = PromptCache(self.pair, self.cache_settings, warn=log.warning)
         while (request := self.channel.receive()) is not None:
             self.generate(request, lambda: self.channel.agree(True), lambda n, cached: None, lambda r: None)
-            self.pool.flush()
+        self.pool.close()
         mx.synchronize()
 
     def generate(self, request: GenerationRequest, go: Callable[[], bool], started, delta):

@@ -103,6 +103,11 @@ class ChatSession:
         self.last = None
         self.cache = self._new_cache()
 
+    def close(self) -> None:
+        """The end of the chat: wait until the prompt cache's new blocks are on disk."""
+        if self.prompt_cache is not None:
+            self.prompt_cache.close()
+
     def set_system_prompt(self, text: Optional[str]) -> None:
         """Takes effect next turn; the conversation is kept (and re-read, since
         its rendering now starts differently)."""
@@ -233,8 +238,7 @@ class ChatSession:
             responses.close()  # rewinds the caches to the tokens returned
         note = self._repair(len(ids) + len(tokens) if tokens else held)
         if self.prompt_cache is not None:
-            self.prompt_cache.keep_blocks(self.cache)
-            self.prompt_cache.flush()
+            self.prompt_cache.keep_blocks(self.cache)  # written on the cache's own thread, while the user reads
         if not tokens:
             # Stopped before the first token: as if the question was never asked.
             result = TurnResult("", (), (), "interrupted", None, None, tuple(ids), reuse, len(prompt), rewound, note,

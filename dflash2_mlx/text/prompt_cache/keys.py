@@ -17,8 +17,8 @@ import mlx.core as mx
 from ...device import backend_name
 from ...engine.pair import Pair
 
-# Bump when the stored layout changes: older files then read as foreign.
-FORMAT_VERSION = 1
+# Bump when the stored layout changes: older files then have other keys and are never read.
+FORMAT_VERSION = 2  # 2: a block's snapshot is its own entry (snapshot thinning)
 
 
 def pair_fingerprint(pair: Pair, block_tokens: int) -> str:

@@ -9,6 +9,11 @@ state after all the rows, and window caches (`WindowKVCache`,
 block keeps a snapshot of the whole layer at the block's end boundary (its
 state arrays and counters), which a prefix ending there restores as is. Those
 snapshots are bounded by the state or window size, not by the context.
+
+A block is kept as two entries: its rows (`ROWS`: the row layers' part, the
+others marked `ELSEWHERE`) and, only every few blocks, its snapshot
+(`SNAPSHOT`: the snapshot layers' part, the row layers `ELSEWHERE`); a prefix
+can end only at a block whose snapshot is kept (`merge` joins the two).
 """
 
 from typing import Optional
@@ -16,7 +21,7 @@ from typing import Optional
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-ROWS, SNAPSHOT = "rows", "snapshot"
+ROWS, SNAPSHOT, ELSEWHERE = "rows", "snapshot", "elsewhere"
 
 
 class NotStorable(Exception):
@@ -33,10 +38,22 @@ def cuts_into_rows(layer) -> bool:
     return type(layer) is KVCache
 
 
-def capture(cache, start: int, end: int) -> list[dict]:
-    """Each layer's part of the block of rows [start, end); the caches hold
-    `end` rows (snapshot layers are read at that boundary)."""
-    return [_capture(c, start, end) for c in layers_of(cache)]
+def has_snapshots(cache) -> bool:
+    """Whether some layer keeps snapshots (a prefix then ends only where one is kept)."""
+    return not all(map(cuts_into_rows, layers_of(cache)))
+
+
+def capture(cache, start: int, end: int, entry: str = ROWS) -> list[dict]:
+    """Each layer's part of the block of rows [start, end) for one entry
+    (`ROWS` or `SNAPSHOT`; the other kind of layer is `ELSEWHERE`); the
+    caches hold `end` rows (snapshot layers are read at that boundary)."""
+    return [_capture(c, start, end) if (entry == ROWS) == cuts_into_rows(c)
+            else {"kind": ELSEWHERE, "class": type(c).__name__} for c in layers_of(cache)]
+
+
+def merge(rows: list[dict], snapshot: list[dict]) -> list[dict]:
+    """A block's two entries as one whole block (every layer's own part)."""
+    return [s if r["kind"] == ELSEWHERE else r for r, s in zip(rows, snapshot)]
 
 
 def _capture(c, start: int, end: int) -> dict:
@@ -60,8 +77,9 @@ def _capture(c, start: int, end: int) -> dict:
 def can_restore(cache, blocks: list[list[dict]]) -> bool:
     """Whether `blocks` (each a list of layer parts) fit the layers of `cache`."""
     layers = layers_of(cache)
-    return all(len(b) == len(layers) and all(p["class"] == type(c).__name__ for p, c in zip(b, layers))
+    fits = all(len(b) == len(layers) and all(p["class"] == type(c).__name__ for p, c in zip(b, layers))
                for b in blocks)
+    return fits and all(p["kind"] != ELSEWHERE for p in blocks[-1])  # the last one is whole
 
 
 def restore(cache, blocks: list[list[dict]]) -> None:

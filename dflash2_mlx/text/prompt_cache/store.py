@@ -8,10 +8,20 @@ when that reaches further. `extend` runs the prompt's remaining whole blocks
 through the target and the drafter, keeping each block as it completes, so a
 later prompt that shares them (a system prompt, an earlier turn, a branch)
 starts from there. `put` keeps the request's caches as a tail and its blocks.
-Disk writes wait in `pending` until `flush`, so they never delay an answer.
+
+Layers that keep snapshots (recurrent state, window rings) keep one only
+every `snapshot_every` blocks and at the end of each prompt; a prefix resumes
+at the last block with a snapshot and runs the rows after it again.
+
+New blocks go to disk on the writer's thread (writer.py): they wait in
+`pending` (still readable) until written, and `flush` waits for the writes.
 Only one thread (the service's worker, or the chat) uses a cache.
+
+(Past 300 lines: the tiers, the tails and the writer's hand-off meet here;
+the file format, the layers and the writer itself live apart.)
 """
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +31,16 @@ import mlx.core as mx
 
 from ...engine.decode.loop import DecodeCache, prefill
 from ...engine.pair import Pair
-from .disk import DiskTier
+from .disk import DiskTier, Write
 from .keys import block_keys, pair_fingerprint
-from .layers import NotStorable, can_restore, capture, cuts_into_rows, layers_of, parts_nbytes, restore
+from .layers import (ROWS, SNAPSHOT, NotStorable, can_restore, capture, cuts_into_rows, has_snapshots,
+                     layers_of, merge, parts_nbytes, restore)
 from .live import PromptCachePool
+from .writer import DiskWriter
 
 DEFAULT_BLOCK_TOKENS = 256
+# Measured on the qwen3_5 look-alike (docs/prompt-cache.md): see there for why 4.
+DEFAULT_SNAPSHOT_EVERY = 4
 
 
 @dataclass(frozen=True)
@@ -38,6 +52,8 @@ class CacheSettings:
     block_tokens: int = DEFAULT_BLOCK_TOKENS
     folder: Optional[Path] = None  # the disk tier; None: memory only
     disk_bytes: int = 16 << 30
+    # Recurrent and window layers: a snapshot every this many blocks (and at each prompt's end).
+    snapshot_every: int = DEFAULT_SNAPSHOT_EVERY
 
 
 @dataclass(frozen=True)
@@ -59,6 +75,11 @@ class _Block:
     nbytes: int
 
 
+def snapshot_key(key: str) -> str:
+    """The key (and file name) of block `key`'s snapshot entry."""
+    return f"{key}-snapshot"
+
+
 def still_to_run(cache: DecodeCache, ids: list[int]) -> list[int]:
     """The part of prompt `ids` that `cache` has not run: from its last committed token on."""
     return list(ids[len(cache.tokens) - 1 :]) if cache.tokens else list(ids)
@@ -69,17 +90,24 @@ class PromptCache:
 
     def __init__(self, pair: Pair, settings: CacheSettings = CacheSettings(),
                  warn: Callable[[str], None] = lambda line: None):
+        if settings.snapshot_every < 1:
+            raise ValueError(f"snapshot_every {settings.snapshot_every} must be at least 1")
         self.pair, self.settings, self.warn = pair, settings, warn
         self.S = settings.block_tokens
         self.fingerprint = pair_fingerprint(pair, self.S)
         self.live = PromptCachePool(settings.memory_bytes, self.new_cache)
-        self._blocks: "OrderedDict[str, _Block]" = OrderedDict()  # oldest use first
+        self.snapshots = has_snapshots(self.new_cache())  # else every block is a prefix end
+        self._blocks: "OrderedDict[str, _Block]" = OrderedDict()  # entries, oldest use first
         # Kept as a count, not summed: /metrics reads it from another thread.
         self.block_bytes = 0
         self.memory_hits = 0  # blocks reused from memory, and from disk (disk.hits)
-        self.pending: "OrderedDict[str, _Block]" = OrderedDict()  # blocks not yet on disk
-        self.disk = (DiskTier(settings.folder, settings.disk_bytes, self.fingerprint, warn)
-                     if settings.folder is not None else None)
+        self.pending: dict[str, _Block] = {}  # handed to the writer, not yet written
+        self._outbox: list = []  # (written key or None, warning line or None) from the writer
+        self._outbox_lock = threading.Lock()
+        self.disk = self.writer = None
+        if settings.folder is not None:
+            self.disk = DiskTier(settings.folder, settings.disk_bytes, self.fingerprint, warn)
+            self.writer = DiskWriter(self._write, lambda line: self._post(None, line))
 
     def new_cache(self) -> DecodeCache:
         pair = self.pair
@@ -99,27 +127,22 @@ class PromptCache:
         """Caches holding the longest cached prefix of `ids` (all but its last
         token run), and where it came from; fresh caches when none is held.
         At least one prompt token is always left to run."""
+        self._collect()
         keys = block_keys(self.fingerprint, ids[:-1], self.S)
-        held = self._held(keys)
-        if self.live.longest(ids) > held * self.S + 1:
+        usable = self._usable(keys)
+        if self.live.longest(ids) > usable * self.S + 1:
             cache, reused = self.live.take(ids)
             if reused:
                 return cache, Reuse(reused - 1)
         cache = self.new_cache()
-        parts, disk = [], 0
-        for k, key in enumerate(keys[:held]):
-            block, from_disk = self._get(key, ids[k * self.S : (k + 1) * self.S])
-            if block is None:
-                break
-            disk += from_disk
-            self._remember(key, block)  # read from disk: kept in memory too
-            parts.append(block.parts)
+        parts, from_disk = self._load(keys, ids, usable)
         self._trim_memory()
         if not parts or not can_restore(cache, parts):
             return cache, Reuse()
         restore(cache, parts)
         n = len(parts) * self.S
         cache.tokens = list(ids[: n + 1])
+        disk = sum(from_disk)
         self.memory_hits += len(parts) - disk
         return cache, Reuse(n, disk * self.S)
 
@@ -127,22 +150,48 @@ class PromptCache:
                 progress: Optional[Callable[[int, int], None]] = None) -> tuple[DecodeCache, list[int], Reuse]:
         """`take`, then `extend`: (caches, the prompt still to run, reuse). Pass
         the prompt to `stream_generate` with `prompt_cache=` the caches, then
-        `put` them back (and `flush` when idle)."""
+        `put` them back."""
         cache, reuse = self.take(ids)
         self.extend(cache, ids, prefill_step_size, progress)
         return cache, still_to_run(cache, ids), reuse
 
-    def _held(self, keys: list[str]) -> int:
-        """How many leading blocks are in memory or on disk (disk files not yet read)."""
+    def _holds(self, key: str) -> bool:
+        return key in self._blocks or key in self.pending or (self.disk is not None and key in self.disk)
+
+    def _usable(self, keys: list[str]) -> int:
+        """How many leading blocks a prefix can reuse without reading a file:
+        their rows are held, and the last one's snapshot where layers need one."""
         n = 0
-        for key in keys:
-            if key not in self._blocks and key not in self.pending and (self.disk is None or key not in self.disk):
-                break
+        while n < len(keys) and self._holds(keys[n]):
             n += 1
+        while self.snapshots and n and not self._holds(snapshot_key(keys[n - 1])):
+            n -= 1
         return n
 
+    def _load(self, keys: list[str], ids: list[int], n: int) -> tuple[list, list]:
+        """(each block's parts, the last one whole; whether each came from disk)
+        for the longest prefix of the first `n` blocks that reads back."""
+        parts, from_disk = [], []
+        for k in range(n):
+            block, disk = self._get(keys[k], ids[k * self.S : (k + 1) * self.S])
+            if block is None:
+                break
+            self._remember(keys[k], block)  # read from disk: kept in memory too
+            parts.append(block.parts)
+            from_disk.append(disk)
+        while self.snapshots and parts:  # the prefix ends at a block whose snapshot reads back
+            k = len(parts) - 1
+            snap, disk = self._get(snapshot_key(keys[k]), ids[k * self.S : (k + 1) * self.S])
+            if snap is not None:
+                self._remember(snapshot_key(keys[k]), snap)
+                parts[-1], from_disk[-1] = merge(parts[-1], snap.parts), from_disk[-1] or disk
+                break
+            parts.pop()
+            from_disk.pop()
+        return parts, from_disk
+
     def _get(self, key: str, tokens) -> tuple[Optional[_Block], bool]:
-        """(the block, whether it was read from disk); None when not held."""
+        """(the entry, whether it was read from disk); None when not held."""
         block = self._blocks.get(key) or self.pending.get(key)
         if block is not None:
             return (block if block.tokens == tuple(tokens) else None), False
@@ -156,6 +205,7 @@ class PromptCache:
         total)` counts the tokens run here out of those the prompt still needs.
         `max_blocks`: run at most that many now (a batch runs other sequences'
         cycles in between); returns whether whole blocks are left to run."""
+        self._collect()
         keys = block_keys(self.fingerprint, ids[:-1], self.S)
         ran = start = max(len(cache.tokens) - 1, 0)
         if cache.stale or cache.tokens != list(ids[: len(cache.tokens)]):
@@ -175,7 +225,9 @@ class PromptCache:
                 if progress is not None:
                     progress(ran - start, len(ids) - start)
             if rows_only or end == ran:  # a snapshot layer can only be read where it stands
-                self._keep(keys[k], ids[k * self.S : end], cache, k * self.S, end)
+                # A snapshot every few blocks, and always at the prompt's end (where a next turn resumes).
+                snap = (k + 1) % self.settings.snapshot_every == 0 or k == len(keys) - 1
+                self._keep(keys[k], ids[k * self.S : end], cache, k * self.S, end, snap)
         return False
 
     def put(self, cache: DecodeCache) -> None:
@@ -186,8 +238,9 @@ class PromptCache:
 
     def keep_blocks(self, cache: DecodeCache) -> None:
         """Keep the whole blocks of `cache` not yet kept; only layers that keep
-        rows can give earlier blocks, so others give none (their blocks were
-        kept by `extend` as the prompt ran)."""
+        rows can give earlier blocks, so others give only the block ending
+        where the caches stand (with its snapshot)."""
+        self._collect()
         if cache.stale or not cache.tokens:
             return
         ran = len(cache.tokens) - 1
@@ -199,16 +252,23 @@ class PromptCache:
         for k, key in enumerate(keys):
             end = (k + 1) * self.S
             if rows_only or end == ran:
-                self._keep(key, ids[k * self.S : end], cache, k * self.S, end)
+                self._keep(key, ids[k * self.S : end], cache, k * self.S, end, snapshot=True)
 
-    def _keep(self, key: str, tokens, cache: DecodeCache, start: int, end: int) -> None:
+    def _keep(self, key: str, tokens, cache: DecodeCache, start: int, end: int, snapshot: bool) -> None:
+        if self.settings.memory_bytes <= 0 and self.disk is None:
+            return
+        self._keep_entry(key, tokens, cache, start, end, ROWS)
+        if snapshot and self.snapshots:
+            self._keep_entry(snapshot_key(key), tokens, cache, start, end, SNAPSHOT)
+
+    def _keep_entry(self, key: str, tokens, cache: DecodeCache, start: int, end: int, entry: str) -> None:
         if key in self._blocks:
             self._blocks.move_to_end(key)
             return
-        if self.settings.memory_bytes <= 0 and self.disk is None:
+        if key in self.pending:
             return
         try:
-            parts = capture(cache, start, end)
+            parts = capture(cache, start, end, entry)
         except NotStorable as e:
             self.warn(f"prompt cache: this pair's caches cannot be stored in blocks ({e})")
             return
@@ -216,7 +276,10 @@ class PromptCache:
         block = _Block(tuple(tokens), parts, parts_nbytes(parts))
         self._remember(key, block)
         if self.disk is not None and key not in self.disk:
-            self.pending[key] = block
+            job = self.disk.prepare(key, tokens, parts)  # evaluated and copied out here, on the owner's thread
+            if job is not None:
+                self.pending[key] = block
+                self.writer.submit(job, job.nbytes)
         self._trim_memory()
 
     def _remember(self, key: str, block: _Block) -> None:
@@ -230,11 +293,40 @@ class PromptCache:
             _, old = self._blocks.popitem(last=False)
             self.block_bytes -= old.nbytes
 
+    # -- the writer ------------------------------------------------------------------
+    def _write(self, job: Write) -> None:
+        """On the writer's thread: one block to disk (no MLX here)."""
+        line = None
+        try:
+            line = self.disk.write(job)
+        finally:
+            self._post(job.key, line)
+
+    def _post(self, key: Optional[str], line: Optional[str]) -> None:
+        with self._outbox_lock:
+            self._outbox.append((key, line))
+
+    def _collect(self) -> None:
+        """On the owner's thread: forget written blocks' pending copies, say the writer's lines."""
+        with self._outbox_lock:
+            done, self._outbox = self._outbox, []
+        for key, line in done:
+            if key is not None:
+                self.pending.pop(key, None)
+            if line:
+                self.warn(line)
+
     def flush(self) -> None:
-        """Write the blocks waiting for the disk tier (call between requests)."""
-        while self.pending:
-            key, block = self.pending.popitem(last=False)
-            self.disk.save(key, block.tokens, block.parts)
+        """Wait until every new block is on disk (or has failed with one line)."""
+        if self.writer is not None:
+            self.writer.flush()
+        self._collect()
+
+    def close(self) -> None:
+        """`flush`, then end the writer's thread (at shutdown)."""
+        if self.writer is not None:
+            self.writer.close()
+        self._collect()
 
     def stats(self) -> dict:
         """Hits and bytes by tier (what /metrics shows)."""
