@@ -241,6 +241,33 @@ def test_costs_learned_online_override_a_wrong_calibration():
     assert blind_blocks.count(1) < 100 and blind_seconds > 1.3 * seconds
 
 
+
+def test_the_first_timed_cycles_correct_a_calibration_that_is_far_off():
+    # Past the calibrated contexts the costs are extended linearly, and noise in a short
+    # calibration can make cycles look several times cheaper than they are (measured at 16k:
+    # auto drafted a few cycles and ran at 0.85x --ar). The calibration counts as one earlier
+    # timing, so the first timed cycle moves the cost halfway, not by the 0.1 of a long run.
+    calibrated = CostTable(1.0, {2: 1.6, 4: 2.0, 8: 2.6, 16: 4.0}, {B: 0.0 for B in (2, 4, 8, 16)})
+    actual = CostTable(1.0, {2: 3.0, 4: 3.3, 8: 5.9, 16: 10.3}, {B: 0.0 for B in (2, 4, 8, 16)})
+    alphas = [0.75, 0.55, 0.4, 0.2] + [0.1] * 11
+    clock = Clock()
+    policy = BlockPolicy(calibrated, 16, AcceptanceEstimate(15, seed=[0.58, 0.45, 0.3]), clock=clock)
+    B = decide(policy, 64)
+    assert B > 1  # the calibration says drafting pays
+    policy.observe(B - 1, 0)
+    clock.now += 3.0 * calibrated.cycle(B)
+    decide(policy, 63)
+    assert policy.scale["spec"] == pytest.approx(2.0)
+    # A 64-token answer loses little to it.
+    rates = []
+    for seed in range(10):
+        clock = Clock()
+        policy = BlockPolicy(calibrated, 16, AcceptanceEstimate(15, seed=[0.58, 0.45, 0.3]), clock=clock)
+        seconds, _ = run_timed(policy, clock, actual, alphas, 64, seed=seed)
+        rates.append(64 * actual.plain / seconds)
+    assert sum(rates) / len(rates) >= 0.94
+
+
 # == costs that grow with the context =========================================================
 
 from dflash2_mlx.engine.adaptive.acceptance import BandedAcceptance, context_band  # noqa: E402

@@ -120,6 +120,7 @@ class BlockPolicy:
         self._losing_probes = 0
         self.clock, self.cost_weight = clock, cost_weight
         self.scale = {"plain": 1.0, "spec": 1.0}  # measured / calibrated cost, learned online
+        self._timed = {"plain": 0, "spec": 0}  # intervals timed so far, of each kind
         self._last: Optional[_Timed] = None
         self._cycles_to_retime = RETIME_FIRST
         self._verdict: Optional[float] = None  # plain / cycle cost when the last probe lost
@@ -279,7 +280,11 @@ class BlockPolicy:
             predicted = self.costs.plain if last.block == 1 else self.costs.cycle(last.block)
             ratio = min(max((now - last.at) / predicted, 0.25), 4.0)
             key = "plain" if last.block == 1 else "spec"
-            weight = RETIME_WEIGHT if last.retiming else self.cost_weight
+            # The calibration counts as one earlier measurement: this run's first timings move the
+            # scale most (a context far past the calibrated ones can be off by several times, and a
+            # 64-token answer cannot wait for a 0.1-weighted average), later ones by `cost_weight`.
+            self._timed[key] += 1
+            weight = max(RETIME_WEIGHT if last.retiming else self.cost_weight, 1.0 / (self._timed[key] + 1))
             self.scale[key] += weight * (ratio - self.scale[key])
         self._last = _Timed(now, B, last.block if last else None, self.mode is Mode.RETIMING)
 
