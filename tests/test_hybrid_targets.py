@@ -78,11 +78,11 @@ LONGEST = 16 * 17 // 2 + 2 * 16 + 16  # the scripted test's B = 16: its tokens a
 
 
 @lru_cache(maxsize=None)
-def greedy(family: str, prompt_name: str) -> list[int]:
-    """Plain greedy decoding of PROMPTS[prompt_name] by the family's target, as long as
-    any test here reads. Greedy m tokens are the first m of a longer run, so one decode
-    serves every B and both drafter kinds."""
-    return ar_tokens(load(family), PROMPTS[prompt_name], LONGEST)
+def greedy(family: str, prompt_name: str, n: int) -> list[int]:
+    """Plain greedy decoding of n tokens after PROMPTS[prompt_name] by the family's
+    target, decoded once: greedy m tokens are the first m of a longer run, so one decode
+    serves every B (and both drafter kinds)."""
+    return ar_tokens(load(family), PROMPTS[prompt_name], n)
 
 
 def spec(target, drafter, prompt, B, n, **kw):
@@ -218,7 +218,7 @@ def test_scripted_drafter_hits_every_acceptance_length(family, prompt_name):
     base = drafter(family)
     prompt = PROMPTS[prompt_name]
     n_for = lambda B: max(64, B * (B + 1) // 2 + 2 * B)
-    reference = greedy(family, prompt_name)
+    reference = greedy(family, prompt_name, LONGEST)
     assert len(reference) >= n_for(16) + 16
     assert len(set(reference[: n_for(2) + 2])) > 10, "the tiny target's greedy output should vary"
     for B in (2, 4, 8, 16):
@@ -248,7 +248,7 @@ def test_scripted_parity_other_families(family):
 def test_random_drafter_parity(family, kind):
     target, d = load(family), drafter(family, kind)
     for name in ("short", "long"):
-        prompt, reference = PROMPTS[name], greedy(family, name)[:48]
+        prompt, reference = PROMPTS[name], greedy(family, name, 48)
         for B in (2, 5, 16):
             out, _ = spec(target, d, prompt, B, 48)
             assert out == reference, f"{family} B={B}: diverged at {_first_diff(out, reference)}"
