@@ -34,15 +34,6 @@ def builtin():
     return load_pair("builtin", "builtin", activation_dtype=mx.float32)
 
 
-@pytest.fixture(scope="module")
-def unprocessed(builtin):
-    """The prompt of the processor tests and mlx-lm's plain answer to it (no processors):
-    the same for every processor, so decoded once."""
-    pair, tokenizer = builtin
-    prompt = tokenizer.encode("def parse(line):\n    parts = line.split(")
-    return prompt, reference(pair.target, prompt, [])[0]
-
-
 def reference(target, prompt, processors, n=N):
     tokens, logprobs = [], []
     for token, lp in mlx_lm_generate_step(mx.array(prompt), target.model, max_tokens=n,
@@ -58,9 +49,10 @@ def ours(pair, prompt, processors, n=N, **kw):
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
-def test_greedy_with_each_processor_equals_penalised_plain_decoding(builtin, unprocessed, name):
-    pair, _ = builtin
-    prompt, plain = unprocessed
+def test_greedy_with_each_processor_equals_penalised_plain_decoding(builtin, name):
+    pair, tokenizer = builtin
+    prompt = tokenizer.encode("def parse(line):\n    parts = line.split(")
+    plain, _ = reference(pair.target, prompt, [])
     settings = SETTINGS[name] or dict(logit_bias={plain[3]: -100.0, plain[12]: -100.0, plain[20]: 1.5})
     processors = make_logits_processors(**settings)
     want, _ = reference(pair.target, prompt, processors)
