@@ -13,7 +13,8 @@ then temperature, in `make_sampler`'s order) on the logits of mlx-lm's own
 model call, so a wrong filter order or temperature in the code under test
 cannot move the reference along with it. Three tokens with a block of 2 commit
 the bonus of a fully accepted block (the third token); with a block of 3 or
-more that bonus is past max_tokens and cut.
+more that bonus is past max_tokens and cut. DFlash v1, plain decoding and the
+bonus are tested in tests/test_sampling_bonus.py (a second file, for a second worker).
 """
 
 
@@ -131,23 +132,6 @@ def test_dflash2_sampling_matches_target_distribution(pair, settings):
     assert p > ALPHA, f"chi-square p = {p:.2e}"
 
 
-@pytest.mark.slow
-def test_dflash_v1_sampling_and_ar_match_target_distribution(pair):
-    target, drafters = pair
-    settings = SETTINGS[0]
-    table = exact_distribution(target, settings)
-    p = gof_pvalue(sample_counts(_spec(target, drafters["dflash"], settings, B=4)), table)
-    print(f"DFlash v1: chi-square p = {p:.3g}")
-    assert p > ALPHA, f"DFlash v1: chi-square p = {p:.2e}"
-
-    def ar(seed):
-        s = SamplingParams(temperature=1.0, seed=seed)
-        return autoregressive_generate_step(PROMPT, Pair.make(target), max_tokens=3, sampling=s)
-    p = gof_pvalue(sample_counts(ar), table)
-    print(f"autoregressive: chi-square p = {p:.3g}")
-    assert p > ALPHA, f"autoregressive: chi-square p = {p:.2e}"
-
-
 # Block 2 with three tokens: when the first cycle accepts its one draft, the
 # third token is that full block's bonus, drawn from the target's last row.
 # DFlash v1 runs at T != 1 with a filter: its draft must be drawn from exactly
@@ -157,24 +141,6 @@ BONUS_SETTINGS = {
     "dflash2": SamplingParams(temperature=0.7, top_p=0.95, min_p=0.1),
     "dflash": SamplingParams(temperature=2.0, top_k=4),
 }
-N_BONUS = 800
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("kind", list(BONUS_SETTINGS), ids=["dflash2-t0.7-top_p0.95-min_p0.1", "dflash-t2-top_k4"])
-def test_full_block_bonus_matches_target_distribution(pair, kind):
-    target, drafters = pair
-    settings = BONUS_SETTINGS[kind]
-    table = exact_distribution(target, settings)
-    full = []
-    counts = sample_counts(_spec(target, drafters[kind], settings, B=2), n=N_BONUS, bonus_after_full=full)
-    # The bonus of a fully accepted block is committed often enough to be tested.
-    assert full[0] > 0.05 * N_BONUS, f"only {full[0]} of {N_BONUS} samples committed a full block's bonus"
-    p = gof_pvalue(counts, table, n=N_BONUS)
-    print(f"{kind} block 2 {settings}: {full[0]} full-block bonuses, chi-square p = {p:.3g}")
-    assert p > ALPHA, f"chi-square p = {p:.2e}"
-
-
 def _bonus_from_p(draft, q_full, logits, transform, key):
     """A plausible but wrong rule: after a rejection, resample from p, not p - q."""
     k_accept, k_bonus = mx.random.split(key, 2)
