@@ -287,6 +287,20 @@ def test_context_costs_interpolate_and_extend_linearly():
     assert costs_from_dict(short.to_dict()) == short  # a one-context table reads back as one
 
 
+
+def test_costs_measured_falling_with_the_context_stay_flat_past_it():
+    # A busy spell during the short measurement: the long context measured cheaper. Extended
+    # downhill that reached zero (doctor and a long generation failed on "a cost table needs
+    # a positive plain step time"); past the last measured context it now stays level.
+    short = CostTable(3.0, {2: 6.0, 4: 9.0}, {2: 1.0, 4: 2.0})
+    long = CostTable(2.0, {2: 4.0, 4: 7.0}, {2: 0.5, 4: 1.0})
+    costs = ContextCosts({256: short, 2048: long})
+    far = costs.at(100_000)
+    assert far.plain == pytest.approx(2.0) and far.cycle(4) == pytest.approx(8.0)
+    assert costs.at(1152).plain == pytest.approx(2.5)  # between the two, still the line through them
+    policy = BlockPolicy(costs, 4, AcceptanceEstimate(3, seed=[0.5]))
+    assert policy.choose(10, 100_000).block >= 1
+
 def run_growing(policy, costs, alphas, tokens, start=0, seed=0):
     """Decode `tokens` tokens after a `start`-token prompt, telling the policy the context
     at every decision as the loop does; costs are the true ones at that context."""

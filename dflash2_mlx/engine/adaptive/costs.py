@@ -15,7 +15,7 @@ from typing import Optional, Union
 
 
 def _interpolate(points: dict[int, float], x: int) -> float:
-    """Linear between measured points, extended from the outermost two."""
+    """Linear between measured points, extended from the outermost two (upwards only, past the last)."""
     if x in points:
         return points[x]
     xs = sorted(points)
@@ -27,6 +27,11 @@ def _interpolate(points: dict[int, float], x: int) -> float:
         if x < b:
             break
     slope = (points[hi] - points[lo]) / (hi - lo)
+    if x > hi:
+        # Past the last point, never downhill: a longer context or a bigger block costs no less.
+        # (A busy spell during the shorter measurement makes the two points fall; extended, that
+        # reached zero at a long context, and a zero cost is no cost table.)
+        return points[hi] + max(slope, 0.0) * (x - hi)
     return max(points[lo] + slope * (x - lo), 0.0)
 
 
