@@ -33,7 +33,8 @@ class LookAhead:
         keys = [s.next_keys(False) for s in seqs]
         passes = target_pass(pair, [(t.reshape(1, 1).astype(mx.int32), s.cache.target) for s, t in zip(seqs, tokens)])
         picks = [(s.sample(p[0][0, 0], k[0]), p[0][0, 0]) for s, p, k in zip(seqs, passes, keys)]
-        mx.async_eval([p[0] for p in picks])
+        # The features with the tokens: a lazy one would hold the pass's graph (decode/plain.py).
+        mx.async_eval([p[0] for p in picks] + [f for _, f in passes if f is not None])
         return cls(list(seqs), picks, passes, keys, previous, chosen)
 
     def drop(self, seq) -> None:

@@ -114,7 +114,7 @@ class BatchDecoder:
         for s in seqs:
             s.largest_batch = max(s.largest_batch, len(seqs))
         decided = self._look_ahead(seqs, blocks, picks)
-        fetched = _fetch_all([p for p in picks if p is not None])
+        fetched = _fetch_all([p for p in picks if p is not None], [p[1] for p in passes if p[1] is not None])
         self.passes += 1
         self.last_pass = (len(seqs), sum(1 if t is None else t.size for t, _ in groups))
         steps = []
@@ -232,11 +232,12 @@ def _group(s: BatchSequence, drafted) -> tuple:
     return mx.concatenate([anchor, drafted[0].draft.astype(mx.int32)[None]], axis=1), s.cache.target
 
 
-def _fetch_all(picks: list) -> list:
+def _fetch_all(picks: list, features: list) -> list:
     """Every sequence's picked tokens in one host synchronisation: (values, processed rows).
     (One `eval` of them all, then each read: no new array, so picks a look-ahead has
-    computed already cost nothing more.)"""
-    mx.eval([value for value, _ in picks])
+    computed already cost nothing more.) The pass's `features` are evaluated with them, so
+    no lazy array keeps the pass's graph and the caches' old buffers (decode/plain.py)."""
+    mx.eval([value for value, _ in picks] + features)
     return [(_ints(value.tolist()), row) for value, row in picks]
 
 

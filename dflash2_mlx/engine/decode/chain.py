@@ -49,6 +49,8 @@ def chain_cycle(pair: Pair, cache: DecodeCache, anchor: int, pending: Optional[m
         a, bonus = accept_greedy(prop.draft, rows)
     else:
         a, bonus = accept_sampled(prop.draft, prop.q_full, rows, transform, k_accept)
+    if features is not None:  # evaluated now, so no lazy graph holds the caches' old buffers (plain.py)
+        mx.async_eval(features)
     out = profiler.fetch(mx.concatenate([prop.draft, bonus[None], a[None]]))  # the cycle's one sync
     a, bonus = out[-1], out[-2]
     tokens = tuple(out[:a]) + (bonus,)

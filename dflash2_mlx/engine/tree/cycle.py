@@ -80,6 +80,8 @@ def tree_cycle(pair, cache, anchor: int, pending, *, block: int, rows: int, samp
     profiler.lap("mask", *[v.layout.mask for v in views])
     logits, features = tree_forward(target, planned.tree, views, pair.layer_ids)
     profiler.lap("verify", logits, features)
+    if features is not None:  # evaluated with the pass, not left holding its graph (decode/plain.py)
+        mx.async_eval(features)
     return finish_tree(planned, cache, views, logits, features, sampling=sampling, transform=transform, left=left,
                        rule=rule, profiler=profiler)
 
