@@ -61,9 +61,15 @@ STARTUP = {
 }
 
 
+# train and analyze find their missing data file soon after the handler is up: on a loaded
+# machine 0.15 s more let train end with its own error first (code 1), so they get the signal at once.
+EARLY_EXIT = {"train", "analyze"}
+
+
 @pytest.mark.parametrize("command", sorted(STARTUP))
 def test_sigterm_during_start_up_is_one_line_and_143(box, command):
-    r = box.interrupt([command, *STARTUP[command]], lambda p: catching_sigterm(p, 0.15), signal.SIGTERM)
+    extra = 0.0 if command in EARLY_EXIT else 0.15
+    r = box.interrupt([command, *STARTUP[command]], lambda p: catching_sigterm(p, extra), signal.SIGTERM)
     assert_terminated(r)
     assert r.out == b""
     assert box.touched() == set()
