@@ -165,7 +165,8 @@ def serve(
         return pair, tokenizer
 
     service = EngineService(load, max_queue=max_queue, cache_bytes=limit, cache_dir=cache_dir,
-                            cache_disk_bytes=disk_limit, cache_snapshot_every=cache_snapshot_every, tree_rows=0 if ar else tree, max_batch=max_batch)
+                            cache_disk_bytes=disk_limit, cache_snapshot_every=cache_snapshot_every,
+                            tree_rows=0 if ar else tree, max_batch=max_batch)
     if rank is not None:
         _join_ranks(service, rank)
         if rank.rank != 0:

@@ -51,7 +51,8 @@ class PlainStep:
         # row's write, and then the next step's in-place write into each cache up to the last
         # tapped layer cannot reuse its buffer and copies the whole cache (at 16,384 tokens
         # that was +11 % instructions per plain step against --ar).
-        mx.async_eval(y, *[f for f in (fields.get("features"),) if f is not None])
+        features = fields.get("features")
+        mx.async_eval(y) if features is None else mx.async_eval(y, features)
         keep = rule if rule is not None and rule.top_logprobs is not None else None
         return cls(y, row=row if keep else None, rule=keep, **fields)
 
