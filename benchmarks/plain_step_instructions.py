@@ -12,6 +12,10 @@ pair under valgrind's cachegrind, and (count(N2) − count(N1)) / (N2 − N1) is
 one step's instructions, start-up and prefill cancelled out. The auto arm is
 held in plain-only mode by a cost table where even a fully accepted block
 loses, with the real clock (so its online correction runs as in a real run).
+The table loses by more than the correction's bounds can move it (each scale
+stays within 0.25x-4x): under valgrind the clock runs ~50x slow, the plain
+scale rises to its bound, and a table that lost by less made the arm probe
+once, which counted a drafting cycle as plain steps.
 Needs valgrind (Debian's package); several minutes.
 """
 
@@ -85,7 +89,9 @@ def decode(arm: str, n: int, context: int) -> None:
     if arm == "ar":
         steps = generate_step(prompt, pair.without_drafter(), max_tokens=n, prompt_cache=cache)
     else:
-        losing = CostTable(1.0, {B: B + 0.5 for B in (2, 4, 8, 16)}, {B: 0.0 for B in (2, 4, 8, 16)})
+        # A B-block cycle costs 20 B plain steps: it loses even with the plain scale at 4x and the
+        # cycle scale at 0.25x (the bounds), so the clock cannot start a probe.
+        losing = CostTable(1.0, {B: 20.0 * B for B in (2, 4, 8, 16)}, {B: 0.0 for B in (2, 4, 8, 16)})
         policy = BlockPolicy(losing, pair.max_block_size, AcceptanceEstimate(pair.max_block_size - 1),
                              clock=time.perf_counter)
         steps = generate_step(prompt, pair, max_tokens=n, policy=policy, prompt_cache=cache)
