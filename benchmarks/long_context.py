@@ -21,6 +21,8 @@ Per context, two parts:
    checkpoint's block with --draft-window. Each records decode tok/s (mlx-lm's
    generation_tps), τ, peak memory during the arm (the prefilled caches
    included), the drafter's KV bytes and whether its tokens equal --ar's.
+   The window arm runs once whatever --repeats says: its drafter cache cannot
+   be rewound past about one block.
 
 --prefill-only runs part 1 alone (contexts whose decode arms take too long); --decode-only
 part 2 alone, and --arms picks its arms (e.g. `--arms ar auto --repeats 5`).
@@ -151,6 +153,10 @@ def decode_part(pairs, tokenizer, ids, args, calibration) -> dict:
     runs = {a: [] for a in order}
     for r in range(args.repeats):
         for arm in order[r % len(order):] + order[: r % len(order)]:
+            if arm == "window" and r > 0:
+                # Its drafter cache keeps about one block beyond the window, so it cannot be rewound
+                # by --max-tokens rows for another run: the window arm runs once.
+                continue
             pair, cache = (windowed, caches["window"]) if arm == "window" else (full, caches["all"])
             runs[arm].append(decode_arm(pair, tokenizer, ids, cache, arm, args, calibration))
     ref = runs["ar"][0][0]
