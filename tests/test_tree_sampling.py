@@ -40,14 +40,13 @@ def _tree(target, drafter, settings, rows):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind,settings,rows", [
-    ("dflash2", SPINE, 7),
-    ("dflash", SamplingParams(temperature=0.8, top_p=0.9), 6),
+@pytest.mark.parametrize("kind,settings,rows,n", [
+    ("dflash2", SPINE, 7, N_SPINE),
+    ("dflash", SamplingParams(temperature=0.8, top_p=0.9), 6, N_SAMPLES),
 ], ids=["dflash2-t1-top_k3-N7", "dflash-t0.8-top_p0.9-N6"])
-def test_tree_sampling_matches_target_distribution(pair, kind, settings, rows):
+def test_tree_sampling_matches_target_distribution(pair, kind, settings, rows, n):
     target, drafters = pair
     table = exact_distribution(target, settings)
-    n = N_SPINE if settings is SPINE else N_SAMPLES
     p = gof_pvalue(sample_counts(_tree(target, drafters[kind], settings, rows), n), table, n)
     print(f"tree {kind} N={rows} {settings}: chi-square p = {p:.3g}")
     assert p > ALPHA, f"chi-square p = {p:.2e}"

@@ -52,7 +52,7 @@ class PlainStep:
         # tapped layer cannot reuse its buffer and copies the whole cache (at 16,384 tokens
         # that was +11 % instructions per plain step against --ar).
         features = fields.get("features")
-        mx.async_eval(y) if features is None else mx.async_eval(y, features)
+        mx.async_eval([y] if features is None else [y, features])
         keep = rule if rule is not None and rule.top_logprobs is not None else None
         return cls(y, row=row if keep else None, rule=keep, **fields)
 
