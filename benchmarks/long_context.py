@@ -141,7 +141,9 @@ def decode_arm(pair, tokenizer, ids, cache: DecodeCache, arm: str, args, calibra
         "generation_tps": s.generation_tps, "decode_cpu_tps": (len(out) - 1) / cpu if cpu > 0 else None,
         "tau": s.mean_acceptance_length, "target_passes": s.target_passes,
         "generation_tokens": s.generation_tokens, "peak_memory_bytes": peak, "drafter_kv_bytes": drafter_bytes,
-        "target_kv_bytes": sum(int(c.nbytes) for c in cache.target)}
+        "target_kv_bytes": sum(int(c.nbytes) for c in cache.target),
+        # What auto did: cycles by block size (1: a plain step) and why it first fell back.
+        "block_sizes": {str(B): n for B, n in sorted((s.block_sizes or {}).items())}, "fallback": s.fallback}
 
 
 def decode_part(pairs, tokenizer, ids, args, calibration) -> dict:
@@ -216,6 +218,8 @@ def main(argv=None):
             ids = context_ids(tokenizer, context)
             if calibration is None and not args.prefill_only:
                 calibration = load_or_calibrate(full, None, ids[:CALIBRATION_TOKENS])
+                # What auto decided from: the measured tables (its costs past them are extended).
+                record["calibration"] = {**calibration.costs.to_dict(), "acceptance": calibration.acceptance}
             prefill = None if args.decode_only else prefill_part(folders, context, args)
             if prefill is not None:
                 print(f"context {context:,} prefill: " + "; ".join(

@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from dflash2_mlx.engine.adaptive.costs import ContextCosts
 from dflash2_mlx.engine.adaptive.policy import AcceptanceEstimate, BlockPolicy, CostTable
 
 
@@ -268,10 +269,68 @@ def test_the_first_timed_cycles_correct_a_calibration_that_is_far_off():
     assert sum(rates) / len(rates) >= 0.94
 
 
+def run_timed_at(policy, clock, actual, alphas, tokens, context, seed=0):
+    """`run_timed` after a `context`-token prompt, telling the policy the context as the loop does."""
+    rng, done, blocks = random.Random(seed), 0, []
+    while done < tokens:
+        decision = policy.choose(tokens - done, context + done)
+        policy.record(decision)
+        blocks.append(decision.block)
+        if decision.block == 1:
+            clock.now += actual.plain
+            done += 1
+            continue
+        a = accepted_run(rng, alphas, decision.block - 1)
+        policy.observe(decision.block - 1, a)
+        clock.now += actual.cycle(decision.block)
+        done += a + 1
+    return clock.now, blocks
+
+
+def calibrated_at_256_and_2048(plain_at_32k):
+    """Costs measured at 256 and 2,048 tokens (the built-in pair's look-alike on this machine's
+    CPU, rounded), the 2,048 plain step set so that its extension reaches `plain_at_32k` s."""
+    cycles = {256: {2: 0.021, 4: 0.028, 8: 0.047, 16: 0.126}, 2048: {2: 0.035, 4: 0.054, 8: 0.092, 16: 0.171}}
+    plain_256 = 0.0078
+    plain_2048 = plain_256 + (plain_at_32k - plain_256) * (2048 - 256) / (32768 - 256)
+    return ContextCosts({c: CostTable(plain, cycles[c], {B: 0.0 for B in cycles[c]}, cycles[c])
+                         for c, plain in ((256, plain_256), (2048, plain_2048))})
+
+
+def test_far_past_the_calibrated_contexts_plain_decoding_is_timed_before_drafting():
+    # At 32k a plain step measured 0.13 s and a 4-row cycle 0.50 s: drafting loses. A busy spell
+    # while the 2,048-token point was timed extends the plain step to 3x its cost at 32k, and the
+    # policy drafted on that (0.87x plain decoding over 64 tokens: 0.89x was measured at 32k).
+    actual = CostTable(0.13, {2: 0.27, 4: 0.50, 8: 0.89, 16: 1.73}, {B: 0.0 for B in (2, 4, 8, 16)})
+    alphas = [0.8, 0.7, 0.6] + [0.3] * 12
+    for factor in (0.5, 1.0, 3.0):
+        calibrated = calibrated_at_256_and_2048(factor * actual.plain)
+        rates = []
+        for seed in range(20):
+            clock = Clock()
+            policy = BlockPolicy(calibrated, 16, AcceptanceEstimate(15, seed=[0.125]), clock=clock)
+            seconds, blocks = run_timed_at(policy, clock, actual, alphas, 64, 32768, seed)
+            assert blocks[:3] == [1, 1, 1]  # timed first (far past the calibrated 2,048)
+            rates.append(64 * actual.plain / seconds)
+        assert min(rates) >= 0.95, (factor, min(rates))
+    # Where drafting wins there (a GPU: a 4-row cycle at 1.3 plain steps), those plain steps cost
+    # little against the best fixed block.
+    cheap = CostTable(0.13, {2: 0.15, 4: 0.17, 8: 0.26, 16: 0.45}, {B: 0.0 for B in (2, 4, 8, 16)})
+    calibrated = ContextCosts({256: cheap.scaled(0.3), 2048: cheap.scaled(0.5)})
+    best = best_fixed_rate(cheap, alphas, 16)
+    rates = []
+    for seed in range(20):
+        clock = Clock()
+        policy = BlockPolicy(calibrated, 16, AcceptanceEstimate(15, seed=alphas), clock=clock)
+        seconds, blocks = run_timed_at(policy, clock, cheap, alphas, 64, 32768, seed)
+        rates.append(64 / seconds / best)
+    assert sum(rates) / len(rates) >= 0.9
+
+
 # == costs that grow with the context =========================================================
 
 from dflash2_mlx.engine.adaptive.acceptance import BandedAcceptance, context_band  # noqa: E402
-from dflash2_mlx.engine.adaptive.costs import ContextCosts, costs_from_dict  # noqa: E402
+from dflash2_mlx.engine.adaptive.costs import costs_from_dict  # noqa: E402
 
 
 def test_context_costs_interpolate_and_extend_linearly():

@@ -7,7 +7,7 @@ import mlx.core as mx
 import pytest
 
 from dflash2_mlx.engine.adaptive.policy import AcceptanceEstimate, BlockPolicy, CostTable, Decision
-from dflash2_mlx.engine.adaptive.calibrate import _non_decreasing, calibration_key, load_or_calibrate, long_context
+from dflash2_mlx.engine.adaptive.calibrate import _non_decreasing, calibration_key, load_or_calibrate, long_contexts
 from dflash2_mlx.engine.decode.loop import DecodeCache, speculative_generate_step
 from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.engine.sampling import SamplingParams
@@ -113,14 +113,22 @@ def test_compute_bound_costs_decode_plainly(pair):
     assert sum(s.drafted > 0 for s in steps) == policy.report.probes
 
 
+def test_calibration_measures_long_contexts_within_the_target():
+    # A long-context target: 2,048 and 8,192 (32k is then a 4-fold extension, not 17-fold).
+    assert long_contexts(32768, 256) == [2048, 8192] and long_contexts(None, 256) == [2048, 8192]
+    assert long_contexts(2048, 8) == [1024]  # half the target's context at most ...
+    assert long_contexts(6000, 8) == [2048]  # ... and not 3,000: too close to 2,048 to add anything
+    assert long_contexts(2048, 300) == []  # not well past the prompt: the short table says it all
+
+
 def test_calibration_is_cached_per_key(pair, tmp_path):
     first = load_or_calibrate(pair, tmp_path, PROMPT)
     assert not first.cached and first.path.exists()
     record = json.loads(first.path.read_text())
     assert record["key"] == calibration_key(pair)
-    # Measured after the prompt and after a long context (half the target's, at most LONG_CONTEXT).
+    # Measured after the prompt and after a long context (half the target's 2,048 positions).
     contexts = first.costs.contexts
-    assert list(contexts) == [len(PROMPT), long_context(pair, len(PROMPT))] and len(contexts) == 2
+    assert list(contexts) == [len(PROMPT), 1024]
     for table in contexts.values():
         assert set(table.cycles) >= {2, pair.max_block_size}
         assert all(v > 0 for v in table.cycles.values()) and table.plain > 0

@@ -111,6 +111,10 @@ def test_long_context_benchmark_runs_end_to_end(tmp_path):
     assert set(decode) == {"ar", "block_4", "auto", "window"}
     assert all(a["identical_to_ar"] and a["decode_tps_median"] > 0 for a in decode.values())
     assert decode["window"]["drafter_kv_bytes"] < decode["block_4"]["drafter_kv_bytes"]
+    # What auto decided from and what it did: the calibrated tables, its cycles by block size.
+    assert "256" in record["calibration"]["by_context"] and record["calibration"]["acceptance"]
+    auto = decode["auto"]["runs"][0]
+    assert sum(auto["block_sizes"].values()) == auto["target_passes"]
     # Time to first token through the prompt cache: the whole block of 256 comes back from
     # memory, then from disk after a "restart", with the same tokens.
     ttft = record["contexts"]["300"]["ttft"]

@@ -5,9 +5,11 @@ step and of a speculative cycle at each block size. They are measured by
 running the decode loop itself (so graph building, the host sync and
 bookkeeping are counted, not only the passes), plus one timed run per size
 that splits a cycle into its target pass and its drafter pass (with the
-selector) for display; all of it twice: after a short prompt and after a
-long one (half the target's context, at most LONG_CONTEXT tokens), since
-every step reads the whole context (costs.py interpolates between them).
+selector) for display; all of it after a short prompt and after longer
+contexts (LONG_CONTEXTS, each at most half the target's context), since
+every step reads the whole context (costs.py interpolates between them and
+extends the last two: the longer the last, the less a timing's noise is
+magnified at 32k).
 For batches (batch_policy.py) it also times a bare target pass over R rows
 for R in BATCH_ROWS after the short prompt, each undone with target.rollback:
 a batched cycle's cost by the total rows in it.
@@ -41,13 +43,16 @@ from ..pair import Pair
 from ..decode.profile import CycleProfiler
 from ..target.context import context_limit
 
-VERSION = 3  # 2: costs by context length; 3: batch costs by total rows
+VERSION = 4  # 2: costs by context length; 3: batch costs by total rows; 4: a second long context
 # Measured block sizes; the policy interpolates between them (linear in B is how
 # verify and drafter passes grow, compute-bound or not).
 SIZES = (2, 4, 8, 16)
-# The long context the costs are measured at: half the target's context, at most this
-# many tokens (past it the policy extends the measured growth linearly, as attention grows).
-LONG_CONTEXT = 2048
+# The long contexts the costs are measured at, each at most half the target's context (past
+# the last the policy extends the measured growth linearly, as attention grows). Zero rows
+# written into the caches stand for them (no prefill), so a long one costs only its steps'
+# time (about 17 s on one CPU core for the built-in pair at 8,192; far less on a GPU). With
+# 2,048 alone, 32k was a 17-fold extension of the growth between 256 and 2,048 tokens.
+LONG_CONTEXTS = (2048, 8192)
 # Total rows of the target passes timed for batches; the batch policy interpolates
 # between them and extends the last two linearly.
 BATCH_ROWS = (1, 2, 4, 8, 16, 32, 64)
@@ -119,12 +124,17 @@ def _pass_times(pair: Pair, prompt_ids, policy, passes: int, profiler=None,
     return times, steps
 
 
-def long_context(pair: Pair, short: int) -> Optional[int]:
-    """The long context to measure at: half the target's context, at most LONG_CONTEXT;
-    None when that is not well past the short prompt (the tables would say the same)."""
-    limit = context_limit(pair.target)
-    n = LONG_CONTEXT if limit is None else min(limit // 2, LONG_CONTEXT)
-    return n if n >= 4 * short else None
+def long_contexts(limit: Optional[int], short: int) -> list[int]:
+    """The long contexts to measure at for a target of `limit` positions (None: no
+    limit) after a `short`-token prompt: LONG_CONTEXTS, each at most half the limit,
+    kept when well past the prompt and the last one kept (a table close to another
+    says the same and magnifies its noise when extended)."""
+    kept = []
+    for n in LONG_CONTEXTS:
+        n = n if limit is None else min(limit // 2, n)
+        if n >= 4 * short and (not kept or n >= 2 * kept[-1]):
+            kept.append(n)
+    return kept
 
 
 def _read_context(pair: Pair, prompt_ids: Sequence[int], n: int) -> DecodeCache:
@@ -150,16 +160,15 @@ def _read_context(pair: Pair, prompt_ids: Sequence[int], n: int) -> DecodeCache:
 
 
 def measure(pair: Pair, prompt_ids: Sequence[int], sizes: Sequence[int] = SIZES, cycles: int = 6,
-            long: Optional[int] = -1) -> Calibration:
+            long: Optional[Sequence[int]] = None) -> Calibration:
     """Run the decode loop plainly and at each block size, after the prompt and
-    after a long context (`long` tokens; -1: `long_context`, None: not measured).
+    after each long context (`long`, in tokens; None: `long_contexts`, (): none).
     A few seconds for each."""
     sizes = sorted({B for B in sizes if 2 <= B <= pair.max_block_size} | {2, pair.max_block_size})
     short, acceptance = _costs_at(pair, prompt_ids, sizes, cycles, None)
     tables = {len(prompt_ids): short}
-    long = long_context(pair, len(prompt_ids)) if long == -1 else long
-    if long:
-        tables[long], _ = _costs_at(pair, prompt_ids, sizes, cycles, _read_context(pair, prompt_ids, long))
+    for n in long_contexts(context_limit(pair.target), len(prompt_ids)) if long is None else long:
+        tables[n], _ = _costs_at(pair, prompt_ids, sizes, cycles, _read_context(pair, prompt_ids, n))
     batch = batch_costs(pair, prompt_ids, tables)
     return Calibration(ContextCosts(tables), acceptance, calibration_key(pair), batch=batch)
 

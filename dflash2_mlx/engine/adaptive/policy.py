@@ -56,6 +56,12 @@ RETIME_FIRST, RETIME_MAX = 4, 256
 EARLY_PROBE_SHIFT = 1.25
 # Context rows between two look-ups of the costs and the acceptance band.
 CONTEXT_STEP = 64
+# Past this many times the longest calibrated context the costs are a linear extension that
+# timing noise in the calibration can put several times off: plain decoding is timed before
+# the first cycle there, a cycle is taken to be off by what a plain step was until one is
+# timed, and this run's first timings replace the calibrated costs rather than average with
+# them.
+EXTENDED = 2.0
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,9 @@ class BlockPolicy:
             raise ValueError(f"max_block {max_block} must be at least 2")
         self.max_block = max_block
         self.by_context, self._bands = costs, BandedAcceptance(acceptance or AcceptanceEstimate(max_block - 1))
+        measured = costs.contexts
+        # One table says nothing about context: never an extension.
+        self._longest_measured = max(measured) if len(measured) > 1 else None
         self.context = None  # the context the costs below are for (None: not told yet)
         self.use_context(0)
         self.margin, self.probe_budget, self.max_probe_interval = margin, probe_budget, max_probe_interval
@@ -144,7 +153,15 @@ class BlockPolicy:
         return self.costs.plain * self.scale["plain"]
 
     def cycle_cost(self, B: int) -> float:
-        return self._cycle[B] * self.scale["spec"]
+        return self._cycle[B] * self._spec_scale()
+
+    def _spec_scale(self) -> float:
+        # Far past the calibrated contexts a plain step and a cycle are extensions alike: until a
+        # cycle is timed, it is taken to be off by what the plain step was, so the calibration's
+        # ratio between them (not its absolute seconds) decides whether a first cycle runs.
+        if self._extended() and not self._timed["spec"]:
+            return self.scale["plain"]
+        return self.scale["spec"]
 
     def rate(self, B: int) -> float:
         """Expected committed tokens per second at block size B (1: plain)."""
@@ -185,7 +202,8 @@ class BlockPolicy:
             if waiting and not (self._pays_by_margin(tokens_left) and self._new_evidence()):
                 return self._plain_step(self.mode, self.plain_left)
             return Decision(self.best_block(tokens_left), Mode.PROBING)
-        if self.clock is not None and self.mode is Mode.DRAFTING and self._cycles_to_retime <= 0:
+        if self.clock is not None and self.mode is Mode.DRAFTING and (
+                self._cycles_to_retime <= 0 or (self._extended() and not self._timed["plain"])):
             return Decision(1, Mode.RETIMING, RETIME_STEPS - 1)
         B = self.best_block(tokens_left)
         # Hysteresis: keep drafting while it beats plain decoding at all; start
@@ -246,6 +264,10 @@ class BlockPolicy:
         cycles = math.ceil(loss / (self.probe_budget * self.cycle_cost(B)))
         return min(max(cycles, RETIME_FIRST), RETIME_MAX)
 
+    def _extended(self) -> bool:
+        """Whether the costs at this context are extended far past the calibrated ones."""
+        return self._longest_measured is not None and self.context > EXTENDED * self._longest_measured
+
     def _new_evidence(self) -> bool:
         """Whether plain decoding's cost, relative to a cycle's, has moved by EARLY_PROBE_SHIFT
         since the last probe lost: only then may re-measured costs (or a context where drafting
@@ -280,11 +302,13 @@ class BlockPolicy:
             predicted = self.costs.plain if last.block == 1 else self.costs.cycle(last.block)
             ratio = min(max((now - last.at) / predicted, 0.25), 4.0)
             key = "plain" if last.block == 1 else "spec"
-            # The calibration counts as one earlier measurement: this run's first timings move the
-            # scale most (a context far past the calibrated ones can be off by several times, and a
-            # 64-token answer cannot wait for a 0.1-weighted average), later ones by `cost_weight`.
+            # The calibration counts as one earlier measurement (none where its costs are extended
+            # far past the calibrated contexts, which can be off by several times): this run's first
+            # timings move the scale most (a 64-token answer cannot wait for a 0.1-weighted
+            # average), later ones by `cost_weight`.
             self._timed[key] += 1
-            weight = max(RETIME_WEIGHT if last.retiming else self.cost_weight, 1.0 / (self._timed[key] + 1))
+            prior = 0 if self._extended() else 1
+            weight = max(RETIME_WEIGHT if last.retiming else self.cost_weight, 1.0 / (self._timed[key] + prior))
             self.scale[key] += weight * (ratio - self.scale[key])
         self._last = _Timed(now, B, last.block if last else None, self.mode is Mode.RETIMING)
 
