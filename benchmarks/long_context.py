@@ -26,6 +26,8 @@ Per context, two parts:
 
 --prefill-only runs part 1 alone (contexts whose decode arms take too long); --decode-only
 part 2 alone, and --arms picks its arms (e.g. `--arms ar auto --repeats 5`).
+--context-from DIR reads the context from DIR's Python files instead of this checkout's
+dflash2_mlx/ (whose text changes with every commit): another commit's, to compare two.
 --cache-tiers adds time to first token through the block prompt cache: cold,
 warm from memory and warm from disk after a restart (a new cache on the same
 folder). The same through a real server: benchmarks/prompt_cache_ttft.py. Results are written after each context (atomically), so a run cut
@@ -94,7 +96,8 @@ def prefill_part(folders, context: int, args) -> dict:
     names, runs = list(specs), {name: [] for name in specs}
     for r in range(args.repeats):
         for name in names[r % len(names):] + names[: r % len(names)]:
-            runs[name].append(run_arm({**specs[name], "context": context, "decode": args.max_tokens}))
+            runs[name].append(run_arm({**specs[name], "context": context, "decode": args.max_tokens,
+                                       "source": args.context_from and str(args.context_from)}))
     keys = ("prompt_tps", "prompt_cpu_tps", "generation_tps", "decode_cpu_tps", "peak_memory_bytes")
     med = {n: {k: statistics.median(r[k] for r in rs) for k in keys} for n, rs in runs.items()}
     base = med["mlx_lm"]
@@ -191,6 +194,9 @@ def main(argv=None):
     ap.add_argument("--decode-only", action="store_true", help="only part 2 (the decode arms, e.g. repeated)")
     ap.add_argument("--arms", nargs="+", default=None,
                     help="decode arms to run (ar, block_N, auto, window; default: all); 'ar' is the reference")
+    ap.add_argument("--context-from", type=Path, default=None,
+                    help="a folder whose Python files are the context (default: this checkout's dflash2_mlx/; "
+                         "the text changes with every commit, so give another commit's to compare the two)")
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args(argv)
     if args.arms is not None and "ar" not in args.arms:
@@ -206,7 +212,8 @@ def main(argv=None):
               "pair": "builtin look-alike (long rope)", "max_positions": positions, "max_tokens": args.max_tokens,
               "blocks": args.blocks, "draft_window": args.draft_window, "repeats": args.repeats,
               "calibration_tokens": CALIBRATION_TOKENS, "prefill_only": args.prefill_only,
-              "decode_only": args.decode_only, "arms": args.arms, "contexts": {}}
+              "decode_only": args.decode_only, "arms": args.arms,
+              "context_from": str(args.context_from) if args.context_from else None, "contexts": {}}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         folders = long_rope_folders(Path(tmp), positions)
@@ -215,7 +222,7 @@ def main(argv=None):
         record["dtype"] = {"target": str(full.target.activation_dtype), "drafter": str(full.drafter.activation_dtype)}
         calibration = None
         for context in args.contexts:
-            ids = context_ids(tokenizer, context)
+            ids = context_ids(tokenizer, context, args.context_from)
             if calibration is None and not args.prefill_only:
                 calibration = load_or_calibrate(full, None, ids[:CALIBRATION_TOKENS])
                 # What auto decided from: the measured tables (its costs past them are extended).

@@ -6,7 +6,9 @@ raised in copies of their configs. Their RoPE is the default one, so positions
 past 2,048 are extrapolated for both sides alike: absolute acceptance there is
 lower than a long-context checkpoint's. The context is this checkout's own
 Python source (dflash2_mlx/, sorted by path), cut to each length in tokens and
-fed raw (no chat template), so every run of one commit reads the same ids.
+fed raw (no chat template), so every run of one commit reads the same ids; the
+text changes with the source, so `context_ids(..., source=DIR)` reads another
+commit's.
 Shared by benchmarks/draft_window.py, prefill_policy.py and long_context.py.
 """
 
@@ -41,9 +43,12 @@ def long_rope_pair(folder: Path, max_positions: int, **load):
     return load_pair(str(target), str(drafter), **load)
 
 
-def context_ids(tokenizer, tokens: int) -> list[int]:
-    """The first `tokens` ids of this checkout's Python source."""
-    text = "\n\n".join(p.read_text() for p in sorted((ROOT / "dflash2_mlx").rglob("*.py")))
+def context_ids(tokenizer, tokens: int, source=None) -> list[int]:
+    """The first `tokens` ids of this checkout's Python source (dflash2_mlx/), or of the
+    Python files under `source`, a folder (another commit's dflash2_mlx/, to read the same
+    text on two commits: `git archive COMMIT dflash2_mlx | tar -x -C DIR`)."""
+    folder = ROOT / "dflash2_mlx" if source is None else Path(source)
+    text = "\n\n".join(p.read_text() for p in sorted(folder.rglob("*.py")))
     ids = tokenizer.encode(text, add_special_tokens=False)
     if len(ids) < tokens:
         raise SystemExit(f"error: the source text has {len(ids):,} tokens, fewer than the {tokens:,} asked for")

@@ -35,7 +35,7 @@ def _mlx_lm(spec: dict) -> dict:
     from mlx_lm import load, stream_generate
 
     model, tokenizer = load(spec["target"])
-    ids = context_ids(tokenizer, spec["context"])
+    ids = context_ids(tokenizer, spec["context"], spec.get("source"))
     weights = mx.get_active_memory()
     mx.reset_peak_memory()
     step = {"prefill_step_size": spec["step"]} if spec.get("step") else {}
@@ -59,7 +59,7 @@ def _dflash2(spec: dict) -> dict:
     drafter = load_drafter(spec["drafter"]) if spec.get("drafter") else None
     pair = Pair.make(target, drafter)
     mx.eval(target.model.parameters(), drafter.parameters() if drafter else [])  # the cast is lazy
-    ids = context_ids(tokenizer, spec["context"])
+    ids = context_ids(tokenizer, spec["context"], spec.get("source"))
     weights = mx.get_active_memory()
     mx.reset_peak_memory()
     step = {"prefill_step_size": spec["step"]} if spec.get("step") else {}

@@ -131,8 +131,11 @@ def test_long_context_decode_repeats_with_the_window_arm(tmp_path):
     import long_context
 
     out = tmp_path / "long.json"
+    text = ROOT / "dflash2_mlx" / "engine"  # another text than the default (a commit's dflash2_mlx/)
     long_context.main(["--contexts", "300", "--max-tokens", "4", "--draft-window", "16", "--decode-only",
-                       "--arms", "ar", "window", "--repeats", "2", "--json", str(out)])
-    decode = json.loads(out.read_text())["contexts"]["300"]["decode"]
+                       "--arms", "ar", "window", "--repeats", "2", "--context-from", str(text), "--json", str(out)])
+    record = json.loads(out.read_text())
+    assert record["context_from"] == str(text)
+    decode = record["contexts"]["300"]["decode"]
     assert len(decode["ar"]["runs"]) == 2 and len(decode["window"]["runs"]) == 1
     assert decode["window"]["identical_to_ar"]
