@@ -140,3 +140,13 @@ def cli(capsys, monkeypatch):
         return e.value.code, out, err
 
     return call
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line when the browser tests were skipped: without it a local run says nothing
+    about them unless asked with -rs (CI never skips them: tests/test_web_page.py)."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", [])
+               if isinstance(r.longrepr, tuple) and "browser test:" in str(r.longrepr[2])]
+    if skipped:
+        reason = str(skipped[0].longrepr[2]).split("browser test: ", 1)[1]
+        terminalreporter.write_line(f"{len(skipped)} browser tests skipped: {reason}", yellow=True)

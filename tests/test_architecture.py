@@ -13,6 +13,10 @@ but not the loop; the decode loop; `adaptive/` on top.
 """
 
 import ast
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -243,14 +247,43 @@ def test_the_checks_catch_planted_violations(graph, found):
     assert bool(cycles(graph)) == (found == "cycle")
 
 
-def test_every_room_ships_in_the_wheel():
-    """pyproject lists packages by hand: a room missing there works in an
-    editable install and is absent from a wheel."""
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+def checkout_files() -> list[str]:
+    """What a fresh clone of this checkout holds, with the working tree's changes:
+    tracked files and untracked ones that git does not ignore."""
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+                         cwd=ROOT, capture_output=True, check=True).stdout
+    return [name for name in out.decode().split("\0") if name and (ROOT / name).is_file()]
 
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    rooms = {m for m, p in module_files().items() if p.name == "__init__.py"}
-    assert rooms - listed == set()
+
+def installed_name(path: str) -> str | None:
+    """Where a source file lands in the wheel (None: outside the package's folders)."""
+    for folder, name in SOURCES.items():
+        prefix = folder.relative_to(ROOT).as_posix() + "/"
+        if path.startswith(prefix):
+            return name.replace(".", "/") + "/" + path[len(prefix):]
+    return None
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_every_file_of_the_package(tmp_path):
+    """A wheel built from a copy of the checkout holds every file under the package's
+    folders (modules in folders with or without `__init__.py`, the built-in pair, the
+    page, the kernel sources) and nothing else; editable installs never notice a miss."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the files of a clone cannot be listed")
+    files = checkout_files()
+    tree = tmp_path / "clone"
+    for name in files:
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, tree / name)
+    # The build requirements come with the test extra (no build isolation: nothing is downloaded).
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path / "dist"), str(tree)], check=True, capture_output=True)
+    (wheel,) = (tmp_path / "dist").glob("dflash2_mlx-*.whl")
+    shipped = {n for n in zipfile.ZipFile(wheel).namelist() if not n.split("/")[0].endswith(".dist-info")}
+    expected = {installed_name(f) for f in files} - {None}
+    assert expected - shipped == set(), "files left out of the wheel"
+    assert shipped - expected == set(), "files in the wheel that the checkout does not have"
 
 
 # Sizes that keep a room readable: an engine function fits a screen, a module

@@ -1,0 +1,1 @@
+"""Continuous batching with speculation: several sequences share each target pass (docs/batching.md)."""
