@@ -26,10 +26,17 @@ def analyze(
     selector: SelectorRef = None,
     conv: ConvRef = None,
     dflash2: DFlash2Ref = None,
-    seq_len: Annotated[int, typer.Option("--seq-len")] = 256,
-    heldout_fraction: Annotated[float, typer.Option("--heldout-fraction")] = 0.05,
+    seq_len: Annotated[int, typer.Option("--seq-len", help=(
+        "Tokens per held-out sequence: the held-out text is packed into sequences this long for the "
+        "teacher-forced recall, and each decode prompt is cut from the start of one."))] = 256,
+    heldout_fraction: Annotated[float, typer.Option("--heldout-fraction", help=(
+        "Share of --data held out, picked the way `dflash2 train` picks its 0.05 (whole files or JSONL lines, "
+        "by a hash of each name): keep 0.05 to measure on text the drafters did not train on, or 1 when "
+        "none of --data was trained on."))] = 0.05,
     prompts: Annotated[int, typer.Option("--prompts", help="Held-out prompts to decode.")] = 16,
-    prompt_len: Annotated[int, typer.Option("--prompt-len")] = 64,
+    prompt_len: Annotated[int, typer.Option("--prompt-len", help=(
+        "Tokens of each decode prompt, the start of a held-out sequence (at most --seq-len); "
+        "--max-tokens more are decoded after it."))] = 64,
     max_tokens: o.MaxTokens = 64,
     block_size: o.BlockSize = None,
     tree: o.Tree = 0,
@@ -61,6 +68,7 @@ def analyze(
     refs = {k: v for k, v in refs.items() if v}
     if not refs:
         raise DFlashError("no drafters: pass at least one of --dflash, --selector, --conv, --dflash2")
+    ui.status(f"loading the target and {len(refs)} drafter(s)…")
     target, tokenizer = load_target(resolve_builtin(model, "target"), activation_dtype=mx.float32)
     pairs = {k: Pair.make(target, load_drafter(resolve_builtin(v, "drafter"), activation_dtype=mx.float32))
              for k, v in refs.items()}
@@ -68,9 +76,12 @@ def analyze(
         pair.block_size(block, "--block-size")
         o.check_tree_fits(pair, tree)
     _check_lengths(target, seq_len, prompt_len, max_tokens, prompts)
+    ui.status("reading the held-out share of --data…")
     heldout = heldout_sequences([str(p) for p in data], tokenizer, seq_len, heldout_fraction)
-    result = run_analysis(pairs, heldout, prompt_len=prompt_len, n_prompts=prompts,
-                          max_tokens=max_tokens, block_size=block, tree_rows=tree)
+    # Minutes of work: a bar on a terminal, plain lines on stderr otherwise.
+    with ui.AnalyzeProgress() as progress:
+        result = run_analysis(pairs, heldout, prompt_len=prompt_len, n_prompts=prompts,
+                              max_tokens=max_tokens, block_size=block, tree_rows=tree, on_step=progress)
     from dflash2_mlx.tools.provenance import provenance
 
     from .main import command_typed  # imported by now: it runs this command

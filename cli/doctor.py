@@ -1,6 +1,9 @@
 """`dflash2 doctor`: check the install, the memory, the pair and its acceptance."""
 
 import json
+from typing import Annotated
+
+import typer
 
 from dflash2_mlx.errors import DFlashError
 
@@ -19,7 +22,9 @@ def doctor(
     min_acceptance: o.MinAcceptance = 0.2,
     self_test: o.SelfTest = True,
     max_tokens: o.MaxTokens = 48,
-    json_output: o.Json = False,
+    json_output: Annotated[bool, typer.Option("--json", help=(
+        "Print one JSON object on stdout instead of the tables: every section's checks, `ok` and the "
+        "problems found; the exit code and the error line on stderr are as without it."))] = False,
     debug: o.Debug = False,
 ):
     """Check MLX and its kernels, estimate memory before loading (target and drafter

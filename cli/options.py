@@ -173,6 +173,9 @@ def drafter_for(model: str, drafter: Optional[str], ar: bool = False, instead: s
         return drafter
     if model == "builtin":
         return "builtin"
+    from dflash2_mlx.loading.hub import check_reference
+
+    check_reference(model, "target")  # a --model that is not there is the first thing to fix
     raise DFlashError(f"no drafter given for --model {model}: pass --drafter (a DFlash or DFlash 2 drafter "
                       f"trained for this target) or {instead}")
 

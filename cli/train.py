@@ -40,7 +40,9 @@ def train(
     save_every: Annotated[int, typer.Option("--save-every", help="Write a checkpoint every this many steps (the last two are kept).")] = 100,
     processes: Annotated[int, typer.Option("--processes", min=1,
                                            help="Data-parallel ranks on this machine (mlx.launch, ring backend).")] = 1,
-    seed: o.Seed = 0,
+    seed: Annotated[int, typer.Option("--seed", help=(
+        "Seed of the run: a new drafter's initial weights, the order of the training batches and where "
+        "draft blocks are anchored in each sequence (resume with the same seed to continue the same batches)."))] = 0,
     debug: o.Debug = False,
 ):
     """Train a drafter; resumes from OUT/checkpoints when present."""
@@ -50,7 +52,7 @@ def train(
 
     # Every option and the output folder are checked before any rank starts or model loads.
     config = TrainConfig(trainable=trainable, steps=steps, batch_size=batch_size, blocks_per_seq=blocks_per_seq,
-                         lr=lr, eval_every=eval_every, save_every=save_every, seed=seed or 0)
+                         lr=lr, eval_every=eval_every, save_every=save_every, seed=seed)
     check_run_options(kind, layers, block_size, seq_len, selector_rank, regenerate)
     check_out_dir(out.expanduser())
     if processes > 1 and "MLX_RANK" not in os.environ:  # not yet a rank: become N of them

@@ -71,3 +71,37 @@ def test_analyze_command_writes_both_files(tmp_path):
     assert rec["T0_tree"]["greedy_identical_to_ar"] == "1/1" and rec["T1_tree"]["tau"] >= 1
     assert "a tree of 4 rows" in (out / "analysis.md").read_text()
     assert "| dflash2 |" in (out / "analysis.md").read_text()
+
+
+def test_analyze_reports_progress_on_stderr_off_a_terminal(cli, tmp_path):
+    """A run takes minutes: off a terminal (a log, a pipe) its progress is plain
+    lines on stderr, one as each measurement starts, counting up to [N/N] done,
+    where N is every teacher-forced batch, decoded prompt and cycle round."""
+    import json
+    import re
+    from pathlib import Path
+
+    from helpers import drafter_folder
+
+    data = tmp_path / "heldout.py"
+    data.write_text(Path(json.__file__).read_text()[:3000])
+    out_dir = tmp_path / "report"
+    code, out, err = cli(["analyze", "--model", target_folder("qwen3"), "--dflash2", drafter_folder("qwen3", "dflash2"),
+                          "--data", data, "--heldout-fraction", "1", "--out", out_dir, "--prompts", "2",
+                          "--max-tokens", "4", "--seq-len", "32", "--prompt-len", "8"])
+    assert code == 0, err
+    assert out == ""  # progress and notes on stderr only
+    assert "\x1b" not in err  # plain lines, no bar or colour codes
+    steps = [re.fullmatch(r"analyze \[(\d+)/(\d+)\] (.+)", line) for line in err.splitlines()
+             if line.startswith("analyze [")]
+    assert steps and all(steps), err
+    done, totals, labels = [int(m[1]) for m in steps], {int(m[2]) for m in steps}, [m[3] for m in steps]
+    heldout = json.loads((out_dir / "analysis.json").read_text())["heldout_sequences"]
+    expected = -(-heldout // 8) + 2 * 2 + 5  # batches of 8 sequences, two decodes of 2 prompts, 5 cycle rounds
+    assert totals == {expected}
+    assert done == sorted(done) and done[0] == 0
+    assert (done[-1], labels[-1]) == (expected, "done")  # every unit of work was counted as it started
+    phases = [label.split(",")[0] for label in labels]
+    phases = [p for i, p in enumerate(phases) if i == 0 or p != phases[i - 1]]
+    assert phases == ["dflash2: teacher-forced recall", "dflash2: decode at T=0", "dflash2: decode at T=1",
+                      "dflash2: cycle latency", "done"]

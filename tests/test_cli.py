@@ -254,6 +254,18 @@ def test_bad_input_is_one_line_error(cli, paths, case):
     assert fragment in err
 
 
+@pytest.mark.parametrize("command", ["generate", "chat", "compare", "bench"])
+@pytest.mark.parametrize("drafter", [None, "/nonexistent/drafter"])
+def test_missing_model_is_reported_first(cli, command, drafter):
+    """A --model that is not there is the first thing to fix: reported before a
+    missing drafter, and before "no drafter given" (which would send the user
+    looking for a drafter when the target path is the typo)."""
+    argv = [command, "--model", "/nonexistent/target"] + (["--drafter", drafter] if drafter else [])
+    code, out, err = cli(argv + (["-p", "hi"] if command in ("generate", "compare") else []))
+    assert_one_line_error(code, out, err)
+    assert err == "error: target folder '/nonexistent/target' does not exist\n"
+
+
 def test_no_prompt_is_one_line_error(cli, paths):
     code, out, err = cli(["generate", "--model", paths["target"], "--drafter", paths["drafter"]])
     assert_one_line_error(code, out, err)
@@ -278,6 +290,34 @@ def test_help(cli):
                  "--top-p", "--top-k", "--min-p", "--seed", "--block-size", "--draft-quant",
                  "--system-prompt", "--ignore-chat-template", "--chat-template-config", "--ar", "--json"):
         assert flag in out, flag
+
+
+def test_every_option_has_its_own_help():
+    """Every option of every command says what it does, and no two options of
+    one command share a help text (a copied line describes at most one of them)."""
+    import typer
+
+    from dflash2_mlx.cli.main import app
+
+    def commands(cmd, name):
+        yield name, cmd
+        for sub, child in getattr(cmd, "commands", {}).items():
+            yield from commands(child, f"{name} {sub}")
+
+    missing, shared = [], []
+    for name, cmd in commands(typer.main.get_command(app), "dflash2"):
+        seen = {}
+        for param in cmd.params:
+            if param.param_type_name != "option":
+                continue
+            text = " ".join((param.help or "").split())
+            if not text:
+                missing.append(f"{name} {param.opts[0]}")
+            elif text in seen:
+                shared.append(f"{name}: {seen[text]} and {param.opts[0]}")
+            seen.setdefault(text, param.opts[0])
+    assert not missing, f"options without help: {missing}"
+    assert not shared, f"options sharing one help text: {shared}"
 
 
 # -- the installed entry point ---------------------------------------------------------------

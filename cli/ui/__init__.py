@@ -3,7 +3,7 @@
 The commands import `ui` and nothing below it; each module here has one job:
 
 - `style`: the consoles, colours and small formatters the views share;
-- `progress`: train's and bench's progress bars;
+- `progress`: train's, bench's and analyze's progress;
 - `chat_view`: what `dflash2 chat` draws;
 - `replay`: compare's live side-by-side view;
 - `tables`: the closing reports of compare, bench and doctor.
@@ -18,7 +18,7 @@ from ..closing import (  # noqa: F401  (re-exported)
 from .chat_view import (  # noqa: F401
     CHAT_COMMANDS, ChatView, acceptance_bars, chat_help, header_panel, turn_line, turn_stats,
 )
-from .progress import BarProgress, RunProgress, TrainProgress, eval_line  # noqa: F401
+from .progress import AnalyzeProgress, BarProgress, RunProgress, TrainProgress, eval_line  # noqa: F401
 from .replay import compare_panes, final_panes, replay  # noqa: F401
 from .style import (  # noqa: F401
     DRAFT_STYLE, MUTED, STATUS_MARK, console, err_console, gb, machine_line, make_console, positions_text,

@@ -1,8 +1,13 @@
-"""Progress bars on stderr: train's (loss, recall, tokens/s) and bench's (between runs)."""
+"""Progress on stderr: train's bar (loss, recall, tokens/s), bench's (between
+runs) and analyze's (a bar on a terminal, plain lines in a log or a pipe)."""
 
 from __future__ import annotations
 
-from .style import err_console
+import time
+
+from .style import err_console, status
+
+PLAIN_EVERY_S = 10.0  # analyze off a terminal: a line per measurement, within a long one at most this often
 
 
 class BarProgress:
@@ -69,3 +74,25 @@ class RunProgress(BarProgress):
             return
         self.set(done, total, info)
         self._progress.refresh()
+
+
+class AnalyzeProgress(BarProgress):
+    """Analyze's progress, called with each `AnalyzeStep` the library reports.
+    On a terminal a bar redrawn only when told (between units of work, so no
+    refresh thread competes with the cycle timings); otherwise plain lines, one
+    as each measurement starts and within one at most every PLAIN_EVERY_S, so a
+    log of a minutes-long run shows where it is without a line per prompt."""
+
+    def __init__(self):
+        super().__init__("analyze", enabled=err_console.is_terminal, time_remaining=True, auto_refresh=False)
+        self._phase, self._printed = None, None
+
+    def __call__(self, step) -> None:
+        if self.enabled:
+            self.set(step.done, step.total, step.label)
+            self._progress.refresh()
+            return
+        phase, now = (step.variant, step.measurement), time.monotonic()
+        if phase != self._phase or now - self._printed >= PLAIN_EVERY_S:
+            self._phase, self._printed = phase, now
+            status(f"analyze [{step.done}/{step.total}] {step.label}")

@@ -26,20 +26,30 @@ def split_revision(ref: str) -> tuple[str, Optional[str]]:
     return ref, None
 
 
+def check_reference(ref: str, what: str) -> None:
+    """Refuse `ref` if it can be neither a local folder nor a Hub repo id; the
+    Hub is not contacted. Loaders run it on the target before the drafter, so a
+    wrong target is reported first, not the drafter it was paired with."""
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return
+    if path.exists():
+        raise CheckpointError(f"{what} '{ref}' is a file, not a model folder")
+    if looks_like_path(ref):
+        raise CheckpointError(f"{what} folder '{ref}' does not exist")
+    if split_revision(ref)[0].count("/") != 1:
+        raise CheckpointError(
+            f"{what} '{ref}' is neither a folder nor a Hub repo id like org/name"
+        )
+
+
 def resolve(ref: str, what: str, revision: Optional[str] = None) -> Path:
     """Local folder for `ref`, downloading a Hub repo into the HF cache if needed."""
     path = Path(ref).expanduser()
     if path.is_dir():
         return path
-    if path.exists():
-        raise CheckpointError(f"{what} '{ref}' is a file, not a model folder")
-    if looks_like_path(ref):
-        raise CheckpointError(f"{what} folder '{ref}' does not exist")
+    check_reference(ref, what)
     repo, rev = split_revision(ref)
-    if repo.count("/") != 1:
-        raise CheckpointError(
-            f"{what} '{ref}' is neither a folder nor a Hub repo id like org/name"
-        )
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,

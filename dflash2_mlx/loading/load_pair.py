@@ -11,6 +11,7 @@ from ..engine.pair import Pair
 from ..errors import DFlashError
 from .builtin import resolve_builtin
 from .checkpoints import load_drafter, load_target
+from .hub import check_reference
 from .quantize import DraftQuant, is_quantized, quantize_drafter
 
 
@@ -27,13 +28,18 @@ def load_pair(
     """Load target (+ drafter), check they fit, quantize the drafter if asked.
 
     Returns (Pair, tokenizer); the pair has no drafter when `drafter_ref` is
-    None. The drafter is loaded first: its config is cheap to check. With a
+    None. Both references are checked first, the target's before the
+    drafter's (a wrong target is reported as such); then the drafter is
+    loaded first: its config is cheap to check. With a
     distributed `group` the target is split over its ranks and the drafter
     loaded whole on each (see `load_target`). `draft_window` N bounds the
     drafter's full-attention context to its first rows and the latest N
     (`Drafter.set_context_window`; None: the checkpoint's own attention).
     """
     check_draft_window(draft_window)  # before anything loads
+    check_reference(resolve_builtin(target_ref, "target"), "target")
+    if drafter_ref:
+        check_reference(resolve_builtin(drafter_ref, "drafter"), "drafter")
     quant = DraftQuant.parse(draft_quant) if draft_quant else None
     drafter = None
     if drafter_ref:

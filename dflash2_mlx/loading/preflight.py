@@ -5,6 +5,7 @@ from pathlib import Path
 from ..engine.target.adapter import check_supported
 from .builtin import resolve_builtin
 from .checkpoints import read_config
+from .hub import check_reference
 from .sharded import check_shardable
 
 
@@ -14,6 +15,7 @@ def check_local_target_splits(ref: str, ranks: int) -> None:
     ranks (checking them here could mean a download)."""
     from mlx_lm.utils import _get_classes  # how mlx-lm maps a config to its classes
 
+    check_reference(resolve_builtin(ref, "target"), "target")  # a missing folder: one line here, not one per rank
     folder = Path(resolve_builtin(ref, "target")).expanduser()
     if not (folder / "config.json").is_file():
         return

@@ -13,12 +13,14 @@ For each variant (DFlash, DFlash + selector, DFlash + conv, DFlash 2):
 """
 
 from dataclasses import dataclass
-from typing import Optional
+from functools import partial
+from typing import Callable, Optional
 
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
+from .analyze_progress import AnalyzeStep, StepCounter
 from .cycle_profile import cycle_breakdown
 from ..engine.pair import Pair
 from ..engine.decode.loop import autoregressive_generate_step, speculative_generate_step
@@ -30,6 +32,9 @@ from ..train.data import pack_sequences, read_examples
 from ..train.forward import packed_forward, target_features
 from ..train.packing import make_blocks, sample_anchors
 from ..train.setup import is_heldout
+
+TF_BATCH = 8  # held-out sequences per teacher-forced forward pass
+Tick = Optional[Callable[[str], None]]  # called before each unit of work with what it is
 
 
 @dataclass
@@ -57,13 +62,15 @@ class Tally:
         return (hit / np.maximum(reach, 1)).tolist()
 
 
-def teacher_forced(pair: Pair, sequences: np.ndarray, blocks_per_seq: int, seed: int = 0) -> dict:
+def teacher_forced(pair: Pair, sequences: np.ndarray, blocks_per_seq: int, seed: int = 0, tick: Tick = None) -> dict:
     target, drafter = pair.target, pair.drafter
     B, K = drafter.config.block_size, drafter.config.selector_top_k
     tally = Tally(B)
     mass, nblocks = np.zeros(B - 1), 0
-    for start in range(0, len(sequences), 8):
-        rows = np.arange(start, min(start + 8, len(sequences)))
+    for start in range(0, len(sequences), TF_BATCH):
+        rows = np.arange(start, min(start + TF_BATCH, len(sequences)))
+        if tick:
+            tick(f"sequences {start + 1}-{rows[-1] + 1} of {len(sequences)}")
         tokens = mx.array(sequences[rows])
         seq, anchors = sample_anchors([[seed, int(r)] for r in rows], tokens.shape[1], B, blocks_per_seq)
         seq, anchors = mx.array(seq), mx.array(anchors)
@@ -108,7 +115,8 @@ def _selector_pick(drafter, selector_transform, values, cand, hidden, inputs, la
 
 
 def decoded_tau(pair: Pair, prompts: list[list[int]], max_tokens: int, temperature: float,
-                block_size: Optional[int] = None, check_parity: bool = False, tree_rows: int = 0) -> dict:
+                block_size: Optional[int] = None, check_parity: bool = False, tree_rows: int = 0,
+                tick: Tick = None) -> dict:
     """Mean τ over prompts (τ per prompt = committed tokens / verify passes),
     and the acceptance rate by draft position over all passes (P(position t
     accepted | every earlier one accepted)). `tree_rows` > 0 verifies trees of
@@ -117,6 +125,8 @@ def decoded_tau(pair: Pair, prompts: list[list[int]], max_tokens: int, temperatu
     B = pair.block_size(block_size)
     reached, accepted = np.zeros(B - 1), np.zeros(B - 1)
     for i, prompt in enumerate(prompts):
+        if tick:
+            tick(f"prompt {i + 1} of {len(prompts)}")
         sampling = SamplingParams(temperature=temperature, seed=i)
         steps = list(speculative_generate_step(prompt, pair, max_tokens=max_tokens,
                                                block_size=block_size, sampling=sampling, tree_rows=tree_rows))
@@ -164,7 +174,7 @@ def _conv_active(drafter) -> bool:
 
 
 def variant_cycles(pairs: dict, prompt: list[int], cycles: int = 10, repeats: int = 5,
-                   block_size: Optional[int] = None) -> dict:
+                   block_size: Optional[int] = None, counter: Optional[StepCounter] = None) -> dict:
     """Cycle latency of each variant: `repeats` rounds, the variants in
     alternating order each round, each round `cycles` cycles; the record of
     the median round per variant (its spread kept), so a burst of other work
@@ -173,6 +183,8 @@ def variant_cycles(pairs: dict, prompt: list[int], cycles: int = 10, repeats: in
     for r in range(repeats):
         order = list(pairs) if r % 2 == 0 else list(reversed(pairs))
         for name in order:
+            if counter:
+                counter.start(name, "cycle latency", f"round {r + 1} of {repeats}")
             rounds[name].append(cycle_breakdown(pairs[name], prompt, cycles=cycles, block_size=block_size))
     out = {}
     for name, recs in rounds.items():
@@ -184,25 +196,36 @@ def variant_cycles(pairs: dict, prompt: list[int], cycles: int = 10, repeats: in
 
 def analyze(pairs: dict, heldout: np.ndarray, *, prompt_len: int = 64, n_prompts: int = 16,
             max_tokens: int = 64, blocks_per_seq: int = 8, block_size: Optional[int] = None,
-            cycles: int = 10, cycle_repeats: int = 5, tree_rows: int = 0) -> dict:
+            cycles: int = 10, cycle_repeats: int = 5, tree_rows: int = 0,
+            on_step: Optional[Callable[[AnalyzeStep], None]] = None) -> dict:
     """Run every measurement for every variant; `pairs` maps variant names
     ("dflash", "dflash+selector", "dflash+conv", "dflash2") to pairs of the one
     target with each variant's drafter. `tree_rows` > 0 also decodes with trees
-    of that many rows (τ beside the chain's and the oracle's)."""
+    of that many rows (τ beside the chain's and the oracle's). `on_step` is
+    called before each unit of work (a teacher-forced batch, a decoded prompt,
+    a cycle-latency round) and once at the end, never during one."""
     prompts = [heldout[i, :prompt_len].tolist() for i in range(min(n_prompts, len(heldout)))]
+    per_variant = -(-len(heldout) // TF_BATCH) + (4 if tree_rows else 2) * len(prompts) + cycle_repeats
+    counter = StepCounter(len(pairs) * per_variant, on_step)
     base = pairs.get("dflash")
     result = {"variants": {}, "heldout_sequences": int(len(heldout)), "prompts": len(prompts),
               "max_tokens": max_tokens, "cycle_prompt": prompts[0], "tree_rows": tree_rows}
     for name, pair in pairs.items():
-        rec = {"parameters": parameter_count(pair.drafter), "teacher_forced": teacher_forced(pair, heldout, blocks_per_seq)}
-        rec["T0"] = decoded_tau(pair, prompts, max_tokens, 0.0, block_size, check_parity=True)
-        rec["T1"] = decoded_tau(pair, prompts, max_tokens, 1.0, block_size)
+        ticker = partial(counter.ticker, name)
+        rec = {"parameters": parameter_count(pair.drafter),
+               "teacher_forced": teacher_forced(pair, heldout, blocks_per_seq, tick=ticker("teacher-forced recall"))}
+        rec["T0"] = decoded_tau(pair, prompts, max_tokens, 0.0, block_size, check_parity=True,
+                                tick=ticker("decode at T=0"))
+        rec["T1"] = decoded_tau(pair, prompts, max_tokens, 1.0, block_size, tick=ticker("decode at T=1"))
         if tree_rows:
-            rec["T0_tree"] = decoded_tau(pair, prompts, max_tokens, 0.0, block_size, True, tree_rows)
-            rec["T1_tree"] = decoded_tau(pair, prompts, max_tokens, 1.0, block_size, tree_rows=tree_rows)
+            rec["T0_tree"] = decoded_tau(pair, prompts, max_tokens, 0.0, block_size, True, tree_rows,
+                                         tick=ticker("tree decode at T=0"))
+            rec["T1_tree"] = decoded_tau(pair, prompts, max_tokens, 1.0, block_size, tree_rows=tree_rows,
+                                         tick=ticker("tree decode at T=1"))
         result["variants"][name] = rec
-    for name, record in variant_cycles(pairs, prompts[0], cycles, cycle_repeats, block_size).items():
+    for name, record in variant_cycles(pairs, prompts[0], cycles, cycle_repeats, block_size, counter).items():
         result["variants"][name]["cycle"] = record
+    counter.finish()
     if base is not None:
         relative_to_dflash(result)
     return result
