@@ -32,12 +32,13 @@ def serve_once() -> None:
     server = subprocess.Popen([DFLASH2, "serve", "--port", "0", "--max-tokens", "16"],
                               stderr=subprocess.PIPE, text=True)
     try:
-        url = None
+        url, said = None, []
         deadline = time.monotonic() + 300
         while url is None and time.monotonic() < deadline:
             line = server.stderr.readline()
+            said.append(line.strip())
             if not line:
-                sys.exit(f"wheel check failed: dflash2 serve exited {server.wait()} before serving")
+                sys.exit(f"wheel check failed: dflash2 serve exited {server.wait()} before serving: {' '.join(said)}")
             if found := re.search(r"on (http://[^\s]+)", line):
                 url = found.group(1)
         if url is None:
