@@ -71,8 +71,9 @@ def stream_text(text: str) -> None:
     sys.stdout.flush()
 
 
-def closing_lines(stats: GenerationStats) -> list[str]:
-    """mlx-lm's closing lines, plus llama.cpp's acceptance line when drafting."""
+def closing_lines(stats: GenerationStats, exactness: str | None = None) -> list[str]:
+    """mlx-lm's closing lines, plus llama.cpp's acceptance line when drafting, and
+    `exactness` (`Exactness.line`: bitwise or up to the kernels' rounding) when given."""
     lines = [
         f"Prompt: {stats.prompt_tokens} tokens, {stats.prompt_tps:.3f} tokens-per-sec",
         f"Generation: {stats.generation_tokens} tokens, {stats.generation_tps:.3f} tokens-per-sec",
@@ -94,6 +95,8 @@ def closing_lines(stats: GenerationStats) -> list[str]:
         spent = (f", {1e3 * stats.collective_s_per_pass:.2f} ms in them per pass"
                  if stats.collective_s_per_pass is not None else "")
         lines.append(f"[target split over {stats.ranks} ranks: {stats.collectives_per_pass:g} collectives per pass{spent}]")
+    if exactness:
+        lines.append(f"[exactness: {exactness}]")
     return lines
 
 
@@ -112,8 +115,8 @@ def block_lines(stats) -> list[str]:
     return lines
 
 
-def print_closing(stats: GenerationStats) -> None:
+def print_closing(stats: GenerationStats, exactness: str | None = None) -> None:
     sys.stdout.write("\n==========\n")
-    for line in closing_lines(stats):
+    for line in closing_lines(stats, exactness):
         sys.stdout.write(line + "\n")
     sys.stdout.flush()

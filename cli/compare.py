@@ -6,6 +6,7 @@ from dflash2_mlx.errors import DFlashError
 from dflash2_mlx.files import atomic_write_text, check_writable
 
 from . import options as o
+from .exactness import exactness
 from . import plotting
 from .stdio import write_whole
 from . import ui
@@ -43,8 +44,9 @@ def compare(
     they run one after the other (never at the same time), alternating order over
     --repeats. The panes then replay both runs on one timeline at their recorded
     speeds. Ends with decode and end-to-end speeds, speedup, τ, acceptance by
-    position, target passes, peak memory and a parity verdict. Without --prompt,
-    a built-in code prompt is used.
+    position, target passes, peak memory, a parity verdict (the first token where
+    the outputs differ, if any) and whether a verify block is bitwise one-by-one
+    decoding on this machine. Without --prompt, a built-in code prompt is used.
     """
     sampling = o.sampling_params(temp, top_p, top_k, min_p, seed)
     o.check_max_tokens(max_tokens)
@@ -82,6 +84,7 @@ def compare(
     # Refuses a block size this drafter cannot draft before any work; auto reads (or measures) the costs.
     block_size, calibration = o.block_plan(pair, block_size, ids, max_tokens, recalibrate, tree=tree,
                                            seeded=sampling.seeded)
+    exact = exactness(pair, tokenizer, recalibrate)
     quiet = json_output
 
     def on_arm(phase, arm, repeat):
@@ -92,7 +95,7 @@ def compare(
 
     result = run_compare(pair, tokenizer, ids, max_tokens=max_tokens, sampling=sampling,
                          block_size=block_size, calibration=calibration, repeats=repeats, on_arm=on_arm,
-                         tree_rows=tree)
+                         tree_rows=tree, exactness=exact)
     record = result.to_dict()
     record["prompt"] = text
     record.update(provenance(command_typed()))

@@ -29,9 +29,11 @@ def doctor(
 ):
     """Check MLX and its kernels, estimate memory before loading (target and drafter
     weights, KV caches for --context tokens), flag quantization pitfalls, run every
-    target/drafter compatibility check, a short greedy acceptance self-test, and
-    the decode costs --block-size auto decides with (measured once per machine
-    and pair, cached; --recalibrate measures them again).
+    target/drafter compatibility check, a short greedy acceptance self-test (with
+    whether a verify block is bitwise one-by-one decoding on this machine, or equal
+    up to the backend's kernel rounding), and the decode costs --block-size auto
+    decides with (both measured once per machine and pair, cached; --recalibrate
+    measures them again).
 
     Exits non-zero, saying why, when anything fails, including a pair whose
     first drafted token is accepted less often than --min-acceptance.

@@ -7,6 +7,7 @@ from typing import Optional
 from . import distributed
 from . import closing
 from . import options as o
+from .exactness import exactness
 from .stdio import write_whole
 
 
@@ -79,6 +80,8 @@ def generate(
     block_size, calibration = o.block_plan(pair, block_size, ids, max_tokens, recalibrate,
                                            ranks=rank is not None, tree=0 if ar else tree,
                                            seeded=sampling.seeded)
+    # Ranks skip the probe: a verdict cached on one host and not another would split their passes.
+    exact = exactness(pair, tokenizer, recalibrate) if rank is None else None
     progress = o.PrefillProgress.on_stderr()
     responses = stream_generate(
         pair, tokenizer, ids, max_tokens=max_tokens, sampling=sampling, block_size=block_size,
@@ -99,9 +102,11 @@ def generate(
             "text": "".join(pieces), "prompt_token_ids": ids, "token_ids": tokens,
             "from_draft": from_draft, "stats": last.stats.to_dict(),
         }
+        if exact is not None:
+            record["stats"]["exactness"] = exact.report(sampling.greedy)
         write_whole(json.dumps(record) + "\n")  # a Ctrl-C leaves all of it or nothing
     else:
-        closing.print_closing(last.stats)
+        closing.print_closing(last.stats, exact.line(sampling.greedy) if exact is not None else None)
 
 
 def read_grammar(json_schema: Optional[Path], regex: Optional[str]):

@@ -40,7 +40,7 @@ BlockSize = Annotated[
 ]
 Recalibrate = Annotated[
     bool, typer.Option("--recalibrate", help="Measure this machine's cycle costs for --block-size auto again "
-                                            "instead of reading the cached ones."),
+                                            "(and the exactness probe) instead of reading the cached ones."),
 ]
 Tree = Annotated[
     int,

@@ -60,6 +60,8 @@ def compare_table(comparison):
         Text(machine_line(m), style=MUTED),
         parity_text(comparison.parity),
     ]
+    if comparison.exactness_line:
+        lines.append(Text.assemble(("exactness: ", "bold"), (comparison.exactness_line, MUTED)))
     for i, line in enumerate(honest_lines(s, m)):
         lines.insert(2 + i, Text(line, style="yellow"))
     return Group(*lines)

@@ -16,6 +16,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import mlx.core as mx
 
+from ..engine.adaptive.exactness import Exactness
 from ..engine.pair import Pair
 from ..text.generate import stream_generate
 from ..device import backend_name
@@ -89,22 +90,28 @@ class Parity:
                 f"DFlash gave {self.spec_token} {self.spec_text!r}")
 
 
+def first_divergence(plain: Sequence[int], spec: Sequence[int]) -> Optional[int]:
+    """The first index where two token lists differ (one stopping while the other
+    goes on counts, at its length); None when they are equal."""
+    for i, (a, b) in enumerate(zip(plain, spec)):
+        if a != b:
+            return i
+    return None if len(plain) == len(spec) else min(len(plain), len(spec))
+
+
 def parity(ar: ArmRun, spec: ArmRun, greedy: bool) -> Parity:
     """Greedy speculative decoding must equal greedy plain decoding."""
     if not greedy:
         return Parity("distribution")
-    for i, (a, b) in enumerate(zip(ar.tokens, spec.tokens)):
-        if a != b:
-            return Parity("diverged", i, a, b, ar.pieces[i], spec.pieces[i])
-    if len(ar.tokens) != len(spec.tokens):  # one stopped (EOS) where the other went on
-        i = min(len(ar.tokens), len(spec.tokens))
+    i = first_divergence(ar.tokens, spec.tokens)
+    if i is None:
+        return Parity("identical")
 
-        def at(run):
-            return (run.tokens[i], run.pieces[i]) if len(run.tokens) > i else (None, None)
+    def at(run):  # None past the end of a run that stopped (EOS) where the other went on
+        return (run.tokens[i], run.pieces[i]) if len(run.tokens) > i else (None, None)
 
-        (a, a_text), (b, b_text) = at(ar), at(spec)
-        return Parity("diverged", i, a, b, a_text, b_text)
-    return Parity("identical")
+    (a, a_text), (b, b_text) = at(ar), at(spec)
+    return Parity("diverged", i, a, b, a_text, b_text)
 
 
 def run_arm(
@@ -135,6 +142,14 @@ class Comparison:
     order: list[list[str]]  # which arm ran first in each repeat
     machine: dict
     parity: Parity
+    exactness: Optional[Exactness] = None  # whether a verify block is bitwise one-by-one decoding here
+
+    @property
+    def exactness_line(self) -> Optional[str]:
+        """The exactness verdict in one line (None when it was not probed)."""
+        if self.exactness is None:
+            return None
+        return self.exactness.line(greedy=self.parity.verdict != "distribution")
 
     @property
     def spec_mode(self) -> str:
@@ -177,6 +192,8 @@ class Comparison:
             "runs": {"ar": [r.to_dict() for r in self.ar], self.spec_mode: [r.to_dict() for r in self.spec]},
             "summary": self.summary(),
             "parity": {**asdict(self.parity), "message": self.parity.message},
+            "exactness": (self.exactness.report(self.parity.verdict != "distribution")
+                          if self.exactness is not None else None),
         }
 
 
@@ -221,11 +238,13 @@ def compare(
     pair: Pair, tokenizer, prompt_ids: Sequence[int], *,
     max_tokens: int = 128, sampling: SamplingParams = SamplingParams(), block_size: Union[int, str, None] = None,
     calibration=None, repeats: int = 2, warmup_tokens: int = WARMUP_TOKENS, tree_rows: int = 0,
-    on_arm: Optional[Callable[[str, str, int], None]] = None,
+    on_arm: Optional[Callable[[str, str, int], None]] = None, exactness: Optional[Exactness] = None,
 ) -> Comparison:
     """Warm both arms up, then run them one after the other `repeats` times,
     alternating which goes first. `on_arm(phase, mode, repeat)` is called
-    before each run (phase "warmup" or "measure"), never during one."""
+    before each run (phase "warmup" or "measure"), never during one.
+    `exactness` (adaptive/exactness.py) says whether parity is bitwise or up to
+    the backend's kernel rounding; it goes into the record beside the parity."""
     if repeats < 1:
         raise ValueError("repeats must be at least 1")
     prompt_ids = list(prompt_ids)
@@ -259,7 +278,7 @@ def compare(
         "block_size": runs["spec"][0].stats.block_size, "block_policy": runs["spec"][0].stats.block_policy,
         "tree_rows": tree_rows, "repeats": repeats, "warmup_tokens": warmup_tokens,
     }
-    return Comparison(prompt_ids, settings, runs["ar"], runs["spec"], order, machine_info(), verdict)
+    return Comparison(prompt_ids, settings, runs["ar"], runs["spec"], order, machine_info(), verdict, exactness)
 
 
 def honest_lines(summary: dict, machine: dict) -> list[str]:

@@ -67,7 +67,7 @@ def run_doctor(
     if quant is not None and not d_config.get("quantization"):
         quantize_drafter(d, quant)
     test = self_test(pair, tokenizer, block_size=block_size, max_tokens=max_tokens,
-                     min_acceptance=min_acceptance)
+                     min_acceptance=min_acceptance, folder=calibration_folder, again=recalibrate)
     yield test
     if not test.failed:
         yield decode_costs(pair, tokenizer, calibration_folder, recalibrate)
