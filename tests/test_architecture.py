@@ -33,6 +33,7 @@ RANKS = {"ground": 0, "metal": 0, "kernels": 1, "engine": 2, "loading": 3, "text
 ENGINE = "dflash2_mlx.engine"
 ENGINE_RANKS = {
     f"{ENGINE}.sampling": 0, f"{ENGINE}.window": 0, f"{ENGINE}.logit_transform": 0, f"{ENGINE}.grammar": 0,
+    f"{ENGINE}.kv_buckets": 0,
     f"{ENGINE}.target": 1, f"{ENGINE}.drafter": 1,
     f"{ENGINE}.pair": 2,
     f"{ENGINE}.decode": 3,

@@ -68,7 +68,7 @@ def test_greedy_output_with_a_small_window_equals_ar(builtin, windowed):
 
 def test_the_default_is_the_checkpoints_attention(builtin, windowed):
     assert builtin[0].drafter.context_window is None
-    assert all(type(c).__name__ == "KVCache" for c in builtin[0].drafter.make_cache())
+    assert all(type(c).__name__ == "BucketedKVCache" for c in builtin[0].drafter.make_cache())
     assert all(isinstance(c, SinkWindowCache) and c.size == N for c in windowed[0].drafter.make_cache())
 
 

@@ -16,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from mlx_lm.models.cache import KVCache
+from dflash2_mlx.engine.kv_buckets import BucketedKVCache
 
 from dflash2_mlx.engine.target.caches import WindowKVCache
 from dflash2_mlx.engine.pair import compatibility_report, selector_transform
@@ -68,7 +68,7 @@ def test_supported_with_rollback_caches(tie):
     assert target.vocab_size == target.embedding_rows == 384
     cache = target.make_cache()
     # Pattern 3: layers 0, 1, 3 slide, layer 2 is global.
-    assert [type(c) for c in cache] == [WindowKVCache, WindowKVCache, KVCache, WindowKVCache]
+    assert [type(c) for c in cache] == [WindowKVCache, WindowKVCache, BucketedKVCache, WindowKVCache]
     assert all(c.window == WINDOW for c in cache if isinstance(c, WindowKVCache))
     assert target.has_window_layers
     assert target.logit_transform == (1.0, None)

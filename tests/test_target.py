@@ -54,7 +54,7 @@ def test_sliding_window_llama_gets_rollback_caches():
     """Sliding layers (refused before rollback-safe caches existed) get a
     `WindowKVCache` with room for one block; full layers keep `KVCache`."""
     from mlx_lm.models import llama
-    from mlx_lm.models.cache import KVCache
+    from dflash2_mlx.engine.kv_buckets import BucketedKVCache
 
     from dflash2_mlx.engine.target.caches import WindowKVCache
 
@@ -63,4 +63,4 @@ def test_sliding_window_llama_gets_rollback_caches():
                            layer_types=["sliding_attention", "full_attention"], sliding_window=8)
     sliding, full = Target(llama.Model(args), max_block=4).make_cache()
     assert isinstance(sliding, WindowKVCache) and sliding.capacity == 12
-    assert type(full) is KVCache
+    assert type(full) is BucketedKVCache  # full attention: shapes in buckets (kv_buckets.py)

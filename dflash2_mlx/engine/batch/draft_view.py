@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import mlx.core as mx
 
 from ..drafter.model import CachedContext
-from .layer_view import stack_right_padded
+from .layer_view import padded_width, stack_right_padded
 
 
 class BatchDraftContext:
@@ -41,7 +41,7 @@ class BatchDraftContext:
             n = 0 if kc is None else kc.shape[2]
             masks.append(mx.ones((b, n + b), mx.bool_) if mask is None else mask.astype(mx.bool_))
         self._context = contexts
-        width = max(m.shape[1] for m in masks)
+        width = padded_width(max(m.shape[1] for m in masks))
         return None, None, mx.array(starts), _stack_masks(masks, block, width)
 
     def with_block(self, kc, vc, kb: mx.array, vb: mx.array):

@@ -26,6 +26,8 @@ from typing import Optional, Sequence
 
 import mlx.core as mx
 
+from ..kv_buckets import bucket
+
 
 class BatchLayerView:
     """The caches of one layer for the sequences of a batched pass (see module doc).
@@ -55,7 +57,7 @@ class BatchLayerView:
 
     def make_mask(self, N: int, return_array: bool = False, window_size: Optional[int] = None) -> mx.array:
         masks = [_own_mask(m, n, window_size) for m, n in zip(self.members, self.lengths)]  # [rows, n, keys]
-        width = max(m.shape[-1] for m in masks)
+        width = padded_width(max(m.shape[-1] for m in masks))
         out = []
         for m, n in zip(masks, self.lengths):
             m = mx.pad(m, [(0, 0), (0, 0), (0, width - m.shape[-1])], constant_values=False)
@@ -85,9 +87,15 @@ def _own_mask(member, n: int, window_size: Optional[int]) -> mx.array:
     return mask.reshape(-1, *mask.shape[-2:])  # a tree's [nodes, 1, 1, keys]: one row each
 
 
+def padded_width(keys: int) -> int:
+    """Key columns of a batched pass: whole buckets (engine/kv_buckets.py), so the
+    shape of a batched attention changes once per bucket, not every cycle."""
+    return bucket(keys)
+
+
 def stack_right_padded(arrays: list) -> mx.array:
-    """[1, H, n_i, D] arrays -> [N, H, max n_i, D], zeros after each one's own rows."""
-    width = max(a.shape[2] for a in arrays)
+    """[1, H, n_i, D] arrays -> [N, H, padded_width(max n_i), D], zeros after each one's own rows."""
+    width = padded_width(max(a.shape[2] for a in arrays))
     padded = [a if a.shape[2] == width else mx.pad(a, [(0, 0), (0, 0), (0, width - a.shape[2]), (0, 0)])
               for a in arrays]
     return mx.concatenate(padded, axis=0)

@@ -13,12 +13,13 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from ..pair import Pair
+from ..kv_buckets import BucketedKVCache
 from ..target.caches import WindowKVCache
 from .draft_view import BatchDraftContext
 from .layer_view import BatchLayerView
 
 # Target cache kinds a batched pass knows how to view (layer_view.py).
-_BATCHABLE = (KVCache, WindowKVCache)
+_BATCHABLE = (KVCache, BucketedKVCache, WindowKVCache)
 
 
 def batch_blocker(pair: Pair) -> Optional[str]:

@@ -19,6 +19,7 @@ from .config import DrafterConfig
 from .context_caches import ContextWindowCache, SinkWindowCache, check_draft_window
 from .conv import TwoTapConv
 from .selector import CandidateSelector
+from ..kv_buckets import BucketedKVCache, bucket
 from ..window import decode_window_mask
 
 
@@ -83,7 +84,15 @@ class CachedContext:
             kc = vc = None
         window = attn.sliding_window
         if window is None:
-            return kc, vc, cache.offset, None
+            if kc is None or not isinstance(cache, BucketedKVCache):
+                return kc, vc, cache.offset, None
+            # The context padded to its bucket, the padding masked: the block's key length
+            # changes once per bucket, not every cycle (kv_buckets.py).
+            kc, vc = cache.padded()
+            context = mx.arange(bucket(cache.offset)) < cache.offset
+            mask = mx.concatenate([mx.broadcast_to(context, (block, context.size)),
+                                   mx.ones((block, block), mx.bool_)], axis=1)
+            return kc, vc, cache.offset, mask
         if kc is not None:
             # Row 0 sees the last W - 1 context rows; the mask takes one more
             # from each later row (window.py).
@@ -184,7 +193,7 @@ class Drafter(nn.Module):
         """One context cache per layer; sliding layers keep only their window,
         full-attention layers everything or, with a context window, its rows."""
         def full():
-            return KVCache() if self.context_window is None else SinkWindowCache(self.context_window)
+            return BucketedKVCache() if self.context_window is None else SinkWindowCache(self.context_window)
 
         return [
             ContextWindowCache(layer.self_attn.sliding_window - 1)

@@ -16,12 +16,13 @@ from typing import Optional, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import (
-    ArraysCache, RotatingKVCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache,
+    ArraysCache, KVCache, RotatingKVCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache,
 )
 
 from .caches import RecurrentCache, RecurrentSnapshot, WindowKVCache
 from ...errors import UnsupportedModelError
 from .families import FAMILIES, Family, run_layers  # noqa: F401  (Family: re-exported for callers)
+from ..kv_buckets import BucketedKVCache
 from ..logit_transform import IDENTITY, LogitTransform, apply_logit_transform
 
 # Rows a verify block may roll back by default: the largest released DFlash
@@ -161,7 +162,9 @@ class Target:
 
     def make_cache(self) -> list:
         """The model's own cache, with layers that cannot roll back replaced:
-        sliding-window layers by `WindowKVCache`, recurrent ones by `RecurrentCache`."""
+        sliding-window layers by `WindowKVCache`, recurrent ones by `RecurrentCache`;
+        full-attention layers by `BucketedKVCache`, so verify passes repeat their
+        shapes (kv_buckets.py)."""
         return [self._rollback_cache(c) for c in make_prompt_cache(self.model)]
 
     def _rollback_cache(self, c):
@@ -174,6 +177,8 @@ class Target:
             return WindowKVCache(c.max_size, self.max_block)
         if type(c) is ArraysCache:
             return RecurrentCache(len(c.cache))
+        if type(c) is KVCache:
+            return BucketedKVCache()
         return c
 
     # -- forward and rollback ---------------------------------------------------

@@ -25,6 +25,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache
 
+from ..kv_buckets import BucketedKVCache, bucket
 from ..target.caches import WindowKVCache
 from ..window import in_window
 from ..decode.verify import residual
@@ -37,7 +38,7 @@ def branch_blocker(cache: list) -> Optional[str]:
     for c in cache:
         if isinstance(c, ArraysCache):
             return "has recurrent (Gated DeltaNet) layers, whose state cannot branch in one pass"
-        if type(c) not in (KVCache, WindowKVCache):
+        if type(c) not in (KVCache, BucketedKVCache, WindowKVCache):
             return f"uses a {type(c).__name__} cache, which tree verification does not know"
     return None
 
@@ -77,12 +78,14 @@ class _Layout:
             mask = (s < np.minimum(end, cap)) & in_window(q - pos, window, causal=True)
             self.window = window
         else:
-            # Context rows 0..P-1 as stored, then the path in depth order, padding masked.
+            # Context rows 0..P-1 as stored, then the path in depth order, padding masked. The
+            # context takes its whole bucket (kv_buckets.py), so the key length of a tree
+            # pass changes once per bucket, not every cycle.
             self.context = P
-            K = P + D
+            width = bucket(P) if isinstance(cache, BucketedKVCache) else P
             path_idx = np.where(paths >= 0, P + paths, 0)
-            idx = np.concatenate([np.broadcast_to(np.arange(P), (N, P)), path_idx], axis=1)
-            mask = np.concatenate([np.ones((N, P), bool), paths >= 0], axis=1)
+            idx = np.concatenate([np.broadcast_to(np.arange(width), (N, width)), path_idx], axis=1)
+            mask = np.concatenate([np.broadcast_to(np.arange(width) < P, (N, width)), paths >= 0], axis=1)
             self.window = None
         self.index = mx.array(np.where(mask, idx, 0).astype(np.int32))
         self.mask = mx.array(mask)[:, None, None, :]

@@ -21,6 +21,8 @@ from typing import Optional
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
+from ...engine.kv_buckets import BucketedKVCache
+
 ROWS, SNAPSHOT, ELSEWHERE = "rows", "snapshot", "elsewhere"
 
 
@@ -35,7 +37,13 @@ def layers_of(cache) -> list:
 
 def cuts_into_rows(layer) -> bool:
     """Whether a block of this layer is its own rows (else a snapshot)."""
-    return type(layer) is KVCache
+    return type(layer) in (KVCache, BucketedKVCache)
+
+
+def _kind(layer) -> str:
+    """The layer kind a stored part names: rows are rows, whatever bucketing the
+    cache's buffer has (so blocks written before it existed still restore)."""
+    return "KVCache" if cuts_into_rows(layer) else type(layer).__name__
 
 
 def has_snapshots(cache) -> bool:
@@ -48,7 +56,7 @@ def capture(cache, start: int, end: int, entry: str = ROWS) -> list[dict]:
     (`ROWS` or `SNAPSHOT`; the other kind of layer is `ELSEWHERE`); the
     caches hold `end` rows (snapshot layers are read at that boundary)."""
     return [_capture(c, start, end) if (entry == ROWS) == cuts_into_rows(c)
-            else {"kind": ELSEWHERE, "class": type(c).__name__} for c in layers_of(cache)]
+            else {"kind": ELSEWHERE, "class": _kind(c)} for c in layers_of(cache)]
 
 
 def merge(rows: list[dict], snapshot: list[dict]) -> list[dict]:
@@ -77,7 +85,7 @@ def _capture(c, start: int, end: int) -> dict:
 def can_restore(cache, blocks: list[list[dict]]) -> bool:
     """Whether `blocks` (each a list of layer parts) fit the layers of `cache`."""
     layers = layers_of(cache)
-    fits = all(len(b) == len(layers) and all(p["class"] == type(c).__name__ for p, c in zip(b, layers))
+    fits = all(len(b) == len(layers) and all(p["class"] == _kind(c) for p, c in zip(b, layers))
                for b in blocks)
     return fits and all(p["kind"] != ELSEWHERE for p in blocks[-1])  # the last one is whole
 

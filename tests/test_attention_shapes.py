@@ -1,0 +1,128 @@
+"""Verify passes whose shapes repeat (engine/kv_buckets.py).
+
+MLX's CUDA backend builds a cuDNN plan for every new shape of a masked
+multi-row attention; a verify pass whose key length grows by the accepted
+tokens every cycle built plans every cycle (an H200: a 16-row verify cost 8x a
+one-row step). The guard: decode 300 tokens with blocks 4 and 16, a tree and a
+batch of 4, record the shape of every attention call (a thin shim around
+`mx.fast.scaled_dot_product_attention`, the real kernel still runs) and
+count the distinct key lengths each query shape meets. They must be bounded
+by the context buckets the run crosses, not by its tokens or cycles. The
+tiny pair's random drafter is rejected almost every cycle, so without
+buckets every cycle presents a new key length.
+"""
+
+from collections import defaultdict
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from dflash2_mlx.engine.batch.decoder import BatchDecoder, SequenceSettings
+from dflash2_mlx.engine.decode.loop import generate_step
+from dflash2_mlx.engine.kv_buckets import STEP, BucketedKVCache, bucket
+from dflash2_mlx.engine.pair import Pair
+from helpers import load_pair_for
+
+TOKENS = 300
+PROMPT = 12
+OWN_ROWS = 16  # the largest block (or tree path) a pass adds to the context's buckets
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target, _, drafter = load_pair_for("qwen3")
+    return Pair.make(target, drafter)
+
+
+@pytest.fixture
+def shapes(monkeypatch):
+    """Every multi-row attention call's (query shape, key length)."""
+    seen = []
+    real = mx.fast.scaled_dot_product_attention
+
+    def recording(q, k, v, *args, **kwargs):
+        if q.shape[0] * q.shape[2] > 1:  # one-row steps keep mlx-lm's exact path on purpose
+            seen.append(((q.shape[0], q.shape[2]), k.shape[2]))
+        return real(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", recording)
+    return seen
+
+
+def key_lengths_by_query(seen) -> dict:
+    out = defaultdict(set)
+    for query, keys in seen:
+        out[query].add(keys)
+    return out
+
+
+def assert_bounded(seen, contexts: int) -> None:
+    """Every key length is whole buckets of context plus at most a block's (or a tree
+    path's) own rows, so each query shape meets a set bounded by block sizes x buckets."""
+    buckets = bucket(contexts) // STEP + 1
+    by_query = key_lengths_by_query(seen)
+    assert by_query, "no multi-row attention was recorded"
+    off = {q: sorted(k for k in ks if k % STEP > OWN_ROWS) for q, ks in by_query.items()}
+    grown = {q: ks for q, ks in off.items() if ks}
+    grown.update({q: sorted(ks) for q, ks in by_query.items() if len(ks) > buckets * (OWN_ROWS + 1)})
+    assert grown == {}, "key lengths grow with the tokens (not whole buckets plus a block)"
+
+
+def prompt(pair, seed=0):
+    return np.random.default_rng(seed).integers(0, pair.target.vocab_size - 1, PROMPT).tolist()
+
+
+@pytest.mark.parametrize("block, tree", [(4, 0), (16, 0), (None, 8)], ids=["block4", "block16", "tree8"])
+def test_a_long_decode_presents_a_bounded_set_of_attention_shapes(pair, shapes, block, tree):
+    steps = list(generate_step(prompt(pair), pair, max_tokens=TOKENS, block_size=block, tree_rows=tree))
+    assert sum(len(s.tokens) for s in steps) == TOKENS
+    assert len(steps) > TOKENS // 3  # mostly rejected: hundreds of cycles, each a new context length
+    assert_bounded(shapes, PROMPT + TOKENS + 16)
+
+
+def test_a_batch_of_four_presents_a_bounded_set_of_attention_shapes(pair, shapes):
+    decoder = BatchDecoder(pair, max_batch=4)
+    for i, (block, tree) in enumerate([(4, 0), (16, 0), (8, 0), (None, 6)]):
+        decoder.add(prompt(pair, seed=i), SequenceSettings(max_tokens=TOKENS, block_size=block, tree_rows=tree))
+    made = 0
+    while decoder.sequences:
+        for seq, step in decoder.step():
+            made += len(step.tokens)
+        for seq in [s for s in decoder.sequences if s.finished]:
+            decoder.remove(seq)
+    assert made == 4 * TOKENS
+    assert_bounded(shapes, PROMPT + TOKENS + 16)
+
+
+def test_the_bound_catches_a_key_length_per_cycle():
+    """The assertion itself: one new key length per cycle fails it, and so do too many
+    lengths inside the buckets."""
+    with pytest.raises(AssertionError, match="grow with the tokens"):
+        assert_bounded([((1, 4), PROMPT + n) for n in range(40)], PROMPT + 40)
+    with pytest.raises(AssertionError, match="grow with the tokens"):
+        assert_bounded([((1, 4), STEP * b + n) for b in range(1, 4) for n in range(OWN_ROWS)], STEP)
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_bucketed_attention_is_bitwise_the_exact_one_on_this_backend(dtype):
+    """What the buckets rest on: a masked key adds an exact zero, so a pass over the
+    padded buffer returns the rows a pass over the exact cache returns, and the same
+    rows one by one (the CPU backend; accelerators: docs/kernels.md)."""
+    mx.random.seed(3)
+    H, D, rows = 4, 32, 5
+    for context in (1, 37, STEP - rows, STEP + 9):
+        exact, padded = [], BucketedKVCache()
+        k = mx.random.normal((1, H, context + rows, D)).astype(dtype)
+        v = mx.random.normal((1, H, context + rows, D)).astype(dtype)
+        q = mx.random.normal((1, H, rows, D)).astype(dtype)
+        padded.update_and_fetch(k[:, :, :context], v[:, :, :context])
+        mask = padded.make_mask(rows)
+        kp, vp = padded.update_and_fetch(k[:, :, context:], v[:, :, context:])
+        assert kp.shape[2] == bucket(context + rows) and mask.shape == (rows, kp.shape[2])
+        block = mx.fast.scaled_dot_product_attention(q, kp, vp, scale=D**-0.5, mask=mask)
+        for i in range(rows):  # row i alone over the exact keys it sees, as a one-row step
+            n = context + i + 1
+            exact.append(mx.fast.scaled_dot_product_attention(q[:, :, i : i + 1], k[:, :, :n], v[:, :, :n],
+                                                              scale=D**-0.5))
+        assert mx.array_equal(block, mx.concatenate(exact, axis=2)).item(), f"context {context}"
