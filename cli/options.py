@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from .model_source import model_folder
+from .user_cache import cache_folder  # noqa: F401  (o.cache_folder, for the commands)
 from .stdio import check_text
 
 
@@ -15,7 +17,8 @@ def _utf8(flag: str):
     return lambda value: check_text(value, flag)
 
 
-Model = Annotated[str, typer.Option("--model", help="Target: Hub repo id, local folder, or 'builtin'.")]
+Model = Annotated[str, typer.Option("--model", callback=model_folder, help="Target: Hub repo id, local folder, "
+                                    ".gguf file, named source ('smollm2'), or 'builtin' (docs/gguf.md).")]
 Drafter = Annotated[
     Optional[str],
     typer.Option("--drafter", "--draft-model",
@@ -176,7 +179,8 @@ def drafter_for(model: str, drafter: Optional[str], ar: bool = False, instead: s
     from dflash2_mlx.loading.hub import check_reference
 
     check_reference(model, "target")  # a --model that is not there is the first thing to fix
-    raise DFlashError(f"no drafter given for --model {model}: pass --drafter (a DFlash or DFlash 2 drafter "
+    name = getattr(model, "given", model)  # a .gguf or named source as typed, not its cached folder
+    raise DFlashError(f"no drafter given for --model {name}: pass --drafter (a DFlash or DFlash 2 drafter "
                       f"trained for this target) or {instead}")
 
 
@@ -350,18 +354,6 @@ def parse_block_size(raw: Optional[str]):
         return int(raw)
     except ValueError:
         raise DFlashError(f"--block-size '{raw}' must be 'auto' or a whole number of tokens, e.g. 4") from None
-
-
-def cache_folder() -> Path:
-    """Where calibrations are kept: the platform's user cache folder, then dflash2-mlx."""
-    import os
-    import sys
-
-    if sys.platform == "darwin":
-        base = Path.home() / "Library" / "Caches"
-    else:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "dflash2-mlx"
 
 
 def block_plan(pair, block_size, prompt_ids, max_tokens: int, recalibrate: bool = False,

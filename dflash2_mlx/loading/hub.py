@@ -33,6 +33,9 @@ def check_reference(ref: str, what: str) -> None:
     path = Path(ref).expanduser()
     if path.is_dir():
         return
+    if path.is_file() and ref.lower().endswith(".gguf"):
+        raise CheckpointError(f"{what} '{ref}' is a GGUF file: convert it to a folder first (`dflash2 convert`, "
+                              "or loading.sources.local_model)")
     if path.exists():
         raise CheckpointError(f"{what} '{ref}' is a file, not a model folder")
     if looks_like_path(ref):

@@ -1,0 +1,123 @@
+"""The GGUF converter checked against an independent implementation: transformers' own
+GGUF loader (`from_pretrained(dir, gguf_file=...)`, which dequantizes with the `gguf`
+package and builds the tokenizer its own way).
+
+For 3 chat prompts it compares the prompt's token ids (both tokenizers), the logits of the
+prompt's forward pass (mlx-lm on the converted folder, packed weights, fp32 activations, vs
+torch fp32 on transformers' dequantized weights) and 64 greedy tokens. Writes a JSON record.
+
+Needs torch, which this project does not depend on (and which would slow transformers'
+import for everything else): run it from an environment that has torch and gguf and sees
+this checkout, e.g.
+
+    python -m venv /tmp/ref && /tmp/ref/bin/pip install torch==2.13.0 gguf
+    echo "$PWD/.venv/lib/python3.11/site-packages" > /tmp/ref/lib/python3.11/site-packages/zz.pth
+    PYTHONPATH=. /tmp/ref/bin/python benchmarks/gguf_reference.py MODEL.gguf \
+        --json docs/results/gguf-reference-smollm2.json
+
+`--no-unpermute` converts without undoing llama.cpp's q/k row permutation, to show that
+the check catches it.
+"""
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# benchmarks/kernels.py would shadow the `kernels` package transformers imports.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+PROMPTS = ["What is the capital of France?",
+           "Write a Python function that returns the n-th Fibonacci number.",
+           "If a train travels 60 km in 45 minutes, what is its average speed in km/h?"]
+GREEDY_TOKENS = 64
+
+
+def mlx_side(folder: Path, prompts_ids: list[list[int]]):
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm.generate import generate_step
+    from mlx_lm.utils import load_model
+
+    model, _ = load_model(folder)
+    model.set_dtype(mx.float32)  # packed weights stay packed; fp32 activations as the engine runs them on CPU
+    logits, greedy = [], []
+    for ids in prompts_ids:
+        logits.append(np.array(model(mx.array(ids)[None])[0].astype(mx.float32)))
+        out = []
+        for token, _ in generate_step(mx.array(ids), model, max_tokens=GREEDY_TOKENS):
+            out.append(int(token))
+        greedy.append(out)
+    return logits, greedy
+
+
+def torch_side(gguf: Path, texts: list[str]):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model.eval()
+    ids_all, logits, greedy = [], [], []
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids_all.append(ids)
+        with torch.no_grad():
+            logits.append(model(torch.tensor([ids])).logits[0].float().numpy())
+            # Plain argmax steps, past end-of-turn as mlx-lm's generate_step goes (generate() would
+            # stop there, or with min_new_tokens mask the end token and pick another).
+            seq = list(ids)
+            for _ in range(GREEDY_TOKENS):
+                seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+        greedy.append(seq[len(ids):])
+    return ids_all, logits, greedy
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("gguf", type=Path)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--no-unpermute", action="store_true")
+    args = ap.parse_args()
+    import numpy as np
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from dflash2_mlx.loading.gguf import weights as gguf_weights
+    from dflash2_mlx.loading.gguf.convert import convert_gguf
+
+    if args.no_unpermute:
+        gguf_weights.unpermute_rows = lambda x, heads: x
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        folder = convert_gguf(args.gguf, Path(tmp) / "model")
+        convert_s = time.perf_counter() - t0
+        tokenizer = load_tokenizer(folder)
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                               tokenize=False) for p in PROMPTS]
+        ours = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        ref_ids, ref_logits, ref_greedy = torch_side(args.gguf, texts)
+        our_logits, our_greedy = mlx_side(folder, ours)
+    rows = []
+    for p, a, b, la, lb, ga, gb in zip(PROMPTS, ours, ref_ids, our_logits, ref_logits, our_greedy, ref_greedy):
+        diff = np.abs(la - lb) if la.shape == lb.shape else None
+        first = next((i for i, (x, y) in enumerate(zip(ga, gb)) if x != y), None)
+        rows.append({
+            "prompt": p, "prompt_tokens": len(a), "same_prompt_ids": a == b,
+            "max_abs_logit_diff": float(diff.max()) if diff is not None else None,
+            "max_logit_magnitude": float(np.abs(lb).max()),
+            "same_argmax_rows": int((la.argmax(-1) == lb.argmax(-1)).sum()) if diff is not None else None,
+            "greedy_tokens": len(ga), "greedy_identical": ga == gb, "first_greedy_divergence": first,
+            "greedy_text": tokenizer.decode(ga),
+        })
+    record = {"gguf": args.gguf.name, "reference": "transformers GGUF loader (torch fp32, gguf dequantization)",
+              "unpermuted_qk": not args.no_unpermute, "convert_s": round(convert_s, 2), "prompts": rows}
+    text = json.dumps(record, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
