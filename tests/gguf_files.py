@@ -93,11 +93,12 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def write_gguf(path: Path, family: str = "llama", linear: str = "Q8_0", embed: str = "Q8_0", tie: bool = True,
                arch: str | None = None, tokenizer_model: str = "gpt2", pre: str = "gpt2", drop: tuple = (),
-               raw_types: dict | None = None) -> tuple[Path, dict, dict]:
+               raw_types: dict | None = None, huge: str | None = None) -> tuple[Path, dict, dict]:
     """Write a tiny `family` GGUF; returns (path, HF config, float reference weights).
 
     `linear` / `embed`: GGML types of the 2-D projection and embedding tensors; `drop`: GGUF
-    tensor names to leave out; `raw_types`: GGUF name -> type, overriding the others."""
+    tensor names to leave out; `raw_types`: GGUF name -> type, overriding the others; `huge`: a
+    GGUF tensor given one value past float16's range (BF16 holds it)."""
     import gguf
     from gguf import GGMLQuantizationType as T
 
@@ -134,6 +135,9 @@ def write_gguf(path: Path, family: str = "llama", linear: str = "Q8_0", embed: s
         kind = embed if name == "token_embd.weight" else linear if w.ndim == 2 else "F32"
         kind = (raw_types or {}).get(name, kind)
         qtype = T[kind]
+        if name == huge:
+            w = w.copy()
+            w[0, 0] = 1e6
         stored = w
         if family == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
             stored = llama_cpp_permute(w, HEADS if "attn_q" in name else KV_HEADS)

@@ -37,7 +37,8 @@ def converted_logits(folder: Path) -> np.ndarray:
 
 # (family, linear type, embedding type, tied): a Q8_0 file, a Q4_1 file with an 8-bit embedding
 # and a float output head (SmolLM2's file mixes bits too), a Q4_0 qwen2 with q/k/v biases.
-CASES = [("llama", "Q8_0", "Q8_0", True), ("qwen3", "Q4_1", "Q8_0", False), ("qwen2", "Q4_0", "Q8_0", True)]
+CASES = [("llama", "Q8_0", "Q8_0", True), ("qwen3", "Q4_1", "Q8_0", False), ("qwen2", "Q4_0", "Q8_0", True),
+         ("llama", "F16", "F16", False)]
 
 
 @pytest.mark.parametrize("family,linear,embed,tie", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
@@ -50,6 +51,9 @@ def test_converted_model_matches_the_float_reference(tmp_path, family, linear, e
     # left permuted: 17.7); the two dequantizations agree to fp16 rounding.
     assert np.abs(ours - want).max() <= 1e-3 * np.abs(want).max()
     saved = json.loads((folder / "config.json").read_text())
+    if linear == "F16":
+        assert "quantization" not in saved
+        return
     bits = {"Q8_0": 8, "Q4_0": 4, "Q4_1": 4}
     assert saved["quantization"]["bits"] == bits[linear] and saved["quantization"]["group_size"] == 32
     if bits[embed] != bits[linear]:
@@ -81,6 +85,7 @@ UNSUPPORTED = {  # what breaks the file -> a word the one line must say
     "pre-tokenizer": (dict(pre="falcon"), "falcon"),
     "tensor type": (dict(raw_types={"blk.0.ffn_up.weight": "Q5_0"}), "Q5_0"),
     "missing tensor": (dict(drop=("blk.1.ffn_down.weight",)), "blk.1.ffn_down.weight"),
+    "bf16 range": (dict(raw_types={"blk.0.ffn_up.weight": "BF16"}, huge="blk.0.ffn_up.weight"), "float16"),
 }
 
 

@@ -61,6 +61,10 @@ def mlx_lm_weights(tensors: dict, arch: Architecture, config: dict, where: str) 
         if arch.permuted_qk and gguf_module.split(".")[-1] in ("attn_q", "attn_k"):
             heads = config["num_attention_heads"] if gguf_module.endswith("attn_q") else config["num_key_value_heads"]
             x = unpermute_rows(x, heads)
+        if x.dtype == mx.float16 and not mx.isfinite(x).all().item():
+            # MLX reads BF16 (and dequantizes other types) as float16, whose range is far smaller.
+            raise CheckpointError(f"GGUF '{where}' tensor '{name}' holds values float16 cannot (MLX reads BF16 "
+                                  "tensors as float16): use an F16, Q8_0 or Q4 file, or an mlx-lm folder")
         if part == "weight" and f"{gguf_module}.scales" in tensors:
             scales = tensors[f"{gguf_module}.scales"]
             bits[module] = x.shape[-1] // scales.shape[-1]
