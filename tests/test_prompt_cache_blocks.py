@@ -310,3 +310,57 @@ def test_cache_snapshot_every_below_one_is_one_line(cli):
     code, out, err = cli(["serve", "--cache-snapshot-every", "0"])
     assert code != 0 and "--cache-snapshot-every 0" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_two_lookalike_pairs_sharing_one_folder_never_read_each_others_rows(pairs, tmp_path):
+    """Two pairs of one architecture with other weights (norms at one in both, so
+    `Pair.identity` alone cannot tell them apart) share a folder, with memory on:
+    each gets its own cold tokens, nothing of the other's is reused, and a file of
+    the other pair's under this pair's key is skipped with one line."""
+    folder = tmp_path / "other"
+    write_target(folder, "qwen3", seed=5)
+    target, tok = load_target(str(folder))
+    config = json.loads((folder / "config.json").read_text())
+    other = Pair.make(target, random_drafter(drafter_config_dict(config, "dflash2", block_size=8), seed=2))
+    pair, _ = pairs["qwen3"]
+    ids = SYSTEM + [5]
+    cold = {"mine": answer(pair, tok, ids)[0], "other": answer(other, tok, ids)[0]}
+    assert cold["mine"] != cold["other"]  # else the test could not see a mix-up
+    settings = CacheSettings(block_tokens=S, folder=tmp_path / "shared")
+    mine = PromptCache(pair, settings)
+    answer(pair, tok, ids, mine)
+    lines = []
+    theirs = PromptCache(other, settings, warn=lines.append)
+    out, reuse = answer(other, tok, ids, theirs)
+    assert out == cold["other"] and reuse.tokens == 0
+    assert theirs.fingerprint != mine.fingerprint
+    # Disk only, after a restart: each pair reads back only its own blocks.
+    disk = replace(settings, memory_bytes=0)
+    for p, name in [(pair, "mine"), (other, "other")]:
+        out, reuse = answer(p, tok, ids, PromptCache(p, disk))
+        assert out == cold[name] and reuse.disk >= 3 * S
+    # The other pair's first block under this pair's name: its header names the other pair.
+    key_mine = block_keys(PromptCache(pair, disk).fingerprint, ids, S)[0]
+    key_theirs = block_keys(theirs.fingerprint, ids, S)[0]
+    os.replace(tmp_path / "shared" / f"{key_theirs}.safetensors", tmp_path / "shared" / f"{key_mine}.safetensors")
+    out, reuse = answer(pair, tok, ids, PromptCache(pair, disk, warn=lines.append))
+    assert out == cold["mine"] and reuse.tokens == 0
+    assert len(lines) == 1 and key_mine in lines[0] and "another model" in lines[0]
+
+
+def test_a_disk_only_restart_tells_prompts_apart_that_share_only_a_later_block(pairs, tmp_path):
+    """Block keys are chained: two prompts with the same second block after
+    different first blocks share no key, so after a restart (disk only) neither
+    reads the other's second block (whose rows depend on the first)."""
+    pair, tok = pairs["qwen3"]
+    first = [[(3 * i + 1) % 200 + 5 for i in range(S)], [(5 * i + 2) % 200 + 5 for i in range(S)]]
+    shared = [(7 * i + 3) % 200 + 5 for i in range(S)]
+    asks = [head + shared + [9, 10] for head in first]
+    cold = [answer(pair, tok, ids)[0] for ids in asks]
+    assert cold[0] != cold[1]
+    disk = CacheSettings(block_tokens=S, memory_bytes=0, folder=tmp_path)
+    answer(pair, tok, asks[0], PromptCache(pair, disk))
+    out, reuse = answer(pair, tok, asks[1], PromptCache(pair, disk))
+    assert out == cold[1] and reuse.tokens == 0
+    again = [answer(pair, tok, ids, PromptCache(pair, disk)) for ids in asks]
+    assert [g[0] for g in again] == cold and all(g[1].disk == 2 * S for g in again)

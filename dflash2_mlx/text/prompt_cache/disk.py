@@ -109,10 +109,13 @@ class DiskTier:
             return parts
 
     def _check(self, key: str, tokens, arrays: dict, meta: dict) -> str:
-        if meta.get("format") != str(FORMAT_VERSION) or meta.get("key") != key:
-            return "it is not this block's file (another format or key)"
+        if meta.get("format") != str(FORMAT_VERSION):
+            return "it is not this block's file (another format)"
+        # Before the key: another pair's file (weights, dtype) says so, whatever its name.
         if meta.get("fingerprint") != self.fingerprint:
             return "it was written for another model, dtype or setting"
+        if meta.get("key") != key:
+            return "it is not this block's file (another key)"
         if meta.get("tokens") != json.dumps(list(tokens)):
             return "its tokens differ from the block's"
         if meta.get("checksum") != checksum(arrays):
