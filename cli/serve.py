@@ -96,7 +96,8 @@ def serve(
 ):
     """Serve the pair over HTTP: OpenAI (/v1/chat/completions, /v1/completions, /v1/models)
     and Anthropic (/v1/messages), with DFlash 2 decoding (or --ar), a prompt cache
-    across requests, /health and /metrics. Ctrl-C or SIGTERM drains and exits.
+    across requests, /health and /metrics. Ctrl-C or SIGTERM drains and exits;
+    a second stops at once (status 130 or 143).
 
     With --processes N or --hostfile FILE the target is split over N ranks;
     rank 0 serves HTTP, the others run the same generations with it."""
@@ -189,14 +190,21 @@ def serve(
           "Ctrl-C stops)", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, log_level="info" if debug else "warning", access_log=debug,
                             timeout_graceful_shutdown=_AFTER_DRAIN_S)
+    if debug:  # the engine's tracebacks (logged at DEBUG; without --debug a failure is one line)
+        import logging
+
+        logging.basicConfig()
+        logging.getLogger("dflash2").setLevel(logging.DEBUG)
     # Uvicorn raises a signal it shut down for again, for the default action;
     # ignoring that delivery lets a drained server exit 0 instead of dying by it.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        _draining_server(uvicorn.Server, config, drain).run(sockets=[sock])
+        _draining_server(uvicorn.Server, config, drain, service).run(sockets=[sock])
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if service.failure is not None:  # non-zero, so that a supervisor restarts the server
+        raise DFlashError(f"the engine stopped ({service.failure}): the server exited; restart it")
     print("stopped", file=sys.stderr)
 
 
@@ -204,12 +212,13 @@ _DRAIN_S = 60.0  # the longest a drain waits for the requests it holds
 _AFTER_DRAIN_S = 5  # then uvicorn's own shutdown, for connections still open
 
 
-def _draining_server(base, config, drain):
+def _draining_server(base, config, drain, service):
     """A uvicorn server that drains at the application first: on the first
     SIGINT/SIGTERM the socket stays open, new requests get 503 (serve/drain.py)
     and the held ones finish (up to _DRAIN_S); then uvicorn shuts down as
-    usual. A second signal stops waiting (uvicorn's own handling: a third
-    Ctrl-C cancels what still runs)."""
+    usual. A second signal stops at once (`_stop_now`). An engine that died
+    (`service.failure`) stops the server the same way as a drain: the requests
+    it held have had their 503 already."""
     import time
 
     class DrainingServer(base):
@@ -217,18 +226,37 @@ def _draining_server(base, config, drain):
 
         def handle_exit(self, sig, frame):
             if drain.draining or self.should_exit:
-                return super().handle_exit(sig, frame)
+                _stop_now(sig, drain.held)
             drain.start()
             self.deadline = time.monotonic() + _DRAIN_S
             held = f"finishing {drain.held} request(s) in progress; " if drain.held else ""
             print(f"stopping: {held}new requests get 503 (Ctrl-C again to stop now)", file=sys.stderr, flush=True)
 
         async def on_tick(self, counter: int) -> bool:
+            if service.failure is not None and not drain.draining:
+                drain.start()
+                self.deadline = time.monotonic()
             if drain.draining and not self.should_exit and (drain.idle or time.monotonic() > self.deadline):
                 self.should_exit = True
             return await super().on_tick(counter)
 
     return DrainingServer(config)
+
+
+def _stop_now(sig, held: int) -> None:
+    """The second Ctrl-C (or SIGTERM): one line and out, at once. The requests still
+    held are cut (their connections close); the engine thread may be inside MLX,
+    where the interpreter's own exit would abort, so the process ends here."""
+    import os
+
+    from .stdio import INTERRUPTED
+    from .terminate import TERMINATED
+
+    what = "Ctrl-C" if sig == signal.SIGINT else "SIGTERM"
+    cut = f"{held} request was cut" if held == 1 else f"{held} requests were cut"
+    print(f"error: stopped at the second {what}; {cut}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(INTERRUPTED if sig == signal.SIGINT else TERMINATED)
 
 
 def _start(service):

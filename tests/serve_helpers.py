@@ -19,12 +19,13 @@ class Server:
     """`dflash2 serve ARGS` on a port chosen now; `stop()` sends SIGTERM and
     returns (exit code, stderr)."""
 
-    def __init__(self, *args: str, tmp: Path, wait: bool = True, port: int = None):
+    def __init__(self, *args: str, tmp: Path, wait: bool = True, port: int = None, launcher: list = None):
         self.port = port or free_port()  # a port given: a restart where the last server was
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(tmp / f"serve-{self.port}.log", "w+")
+        # `launcher`: what runs the CLI instead of `python -m dflash2_mlx.cli` (tests/faulty_serve.py)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dflash2_mlx.cli", "serve", "--port", str(self.port), *args],
+            [*(launcher or [sys.executable, "-m", "dflash2_mlx.cli"]), "serve", "--port", str(self.port), *args],
             stdout=self.log, stderr=subprocess.STDOUT,
         )
         if wait:

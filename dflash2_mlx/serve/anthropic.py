@@ -52,7 +52,7 @@ def _tool_plan(body: dict, tokenizer) -> ToolPlan:
         raise ApiError(400, "'tool_choice' of type 'tool' needs the tool's 'name'", "tool_choice")
     named = {"auto": "auto", "any": "required", "none": "none"}.get(kind, choice.get("name"))
     several = not choice.get("disable_parallel_tool_use", False)
-    return plan_tools(tokenizer, tools, named, several)
+    return plan_tools(tokenizer, tools, named, several, schema_field="input_schema")
 
 
 def count_tokens(body: dict, tokenizer, settings: ServeSettings) -> dict:

@@ -3,7 +3,9 @@
 Both protocol layers call the one `EngineService`. Every failure a client can
 cause answers with its protocol's error object (Anthropic's on /v1/messages,
 OpenAI's elsewhere) and a status; nothing answers with a traceback, and the
-server keeps serving.
+server keeps serving. Every token id and number is checked here, at the door,
+before it reaches the engine (sampling_fields.py). Once the engine has died
+(service.py) /health and every request answer 503 with the reason.
 """
 
 import asyncio
@@ -20,11 +22,11 @@ from starlette.routing import Route
 
 from . import anthropic, openai, responses, web
 from .drain import Drain, retry_after_s
-from .errors import ApiError
+from .errors import ApiError, log_failure
 from .body import read_json
 from .jobs import collect
-from .service import EngineService, QueueFull, ShuttingDown
-from .sampling_fields import check_vocabulary
+from .service import EngineFailed, EngineService, QueueFull, ShuttingDown
+from .sampling_fields import check_token_ids, check_vocabulary
 from .settings import ServeSettings
 
 log = logging.getLogger("dflash2.serve")
@@ -45,6 +47,9 @@ def create_app(service: EngineService, settings: ServeSettings, drain: Drain = N
     store = responses.ResponseStore()
 
     async def health(request: Request) -> Response:
+        if service.failure is not None:  # a supervisor restarts it (cli/serve.py exits)
+            return JSONResponse({"status": "failed", "model": settings.model_id, "reason": service.failure},
+                                status_code=503)
         if drain.draining:  # a load balancer takes this instance out
             return JSONResponse({"status": "draining", "model": settings.model_id,
                                  "queue_length": service.queue_length}, status_code=503)
@@ -74,7 +79,7 @@ def create_app(service: EngineService, settings: ServeSettings, drain: Drain = N
 
     async def _openai(request: Request, parse) -> Response:
         call = parse(await read_json(request, settings.max_body_bytes), tokenizer, settings)
-        job = submit(service, call.request)
+        job = submit(service, call.request, "messages" if call.chat else "prompt")
         answer = openai.Answer(call, settings.model_id, tokenizer)
         if call.stream:
             return StreamingResponse(openai.stream(job, answer), media_type="text/event-stream")
@@ -85,7 +90,7 @@ def create_app(service: EngineService, settings: ServeSettings, drain: Drain = N
 
     async def messages(request: Request) -> Response:
         call = anthropic.parse_messages(await read_json(request, settings.max_body_bytes), tokenizer, settings)
-        job = submit(service, call.request)
+        job = submit(service, call.request, "messages")
         answer = anthropic.Answer(call, settings.model_id, tokenizer)
         if call.stream:
             return StreamingResponse(answer.stream(job), media_type="text/event-stream")
@@ -96,7 +101,7 @@ def create_app(service: EngineService, settings: ServeSettings, drain: Drain = N
 
     async def create_response(request: Request) -> Response:
         call = responses.parse(await read_json(request, settings.max_body_bytes), tokenizer, settings, store)
-        job = submit(service, call.request)
+        job = submit(service, call.request, "input")
         answer = responses.Answer(call, settings.model_id, tokenizer)
         if call.stream:
             return StreamingResponse(answer.stream(job, store), media_type="text/event-stream")
@@ -118,7 +123,7 @@ def create_app(service: EngineService, settings: ServeSettings, drain: Drain = N
         # Uvicorn has drained the open requests by now: end the worker.
         await asyncio.to_thread(service.stop)
 
-    app = Starlette(
+    app = _App(
         routes=[
             Route("/health", health), Route("/metrics", metrics),
             Route("/v1/models", models), Route("/v1/models/{name:path}", model),
@@ -138,8 +143,23 @@ def create_app(service: EngineService, settings: ServeSettings, drain: Drain = N
     return app
 
 
-def submit(service: EngineService, request):
-    check_vocabulary(request.logits, service.pair.target.vocab_size)
+class _App(Starlette):
+    """Starlette, less the traceback it raises again after a 500 has gone out (the
+    handler logged the bug in one line, its traceback at DEBUG: serve --debug)."""
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        except Exception:
+            if scope["type"] != "http":
+                raise
+
+
+def submit(service: EngineService, request, param: str):
+    """Queue `request` once its token ids fit the target (`param`: where its prompt came from)."""
+    vocab_size = service.pair.target.vocab_size
+    check_token_ids(request.prompt_ids, vocab_size, param)
+    check_vocabulary(request.logits, vocab_size)
     try:
         return service.submit(request)
     except QueueFull:
@@ -148,6 +168,8 @@ def submit(service: EngineService, request):
                        headers={"Retry-After": str(wait)}) from None
     except ShuttingDown:
         raise ApiError(503, "the server is shutting down: retry on another instance") from None
+    except EngineFailed as e:
+        raise ApiError(503, f"the engine stopped ({e}): this server must be restarted; retry on another instance") from None
 
 
 def _error_response(request_path: str, error: ApiError) -> JSONResponse:
@@ -172,9 +194,7 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
-    log.exception("request failed")
-    first = str(exc).splitlines()[0] if str(exc) else ""
-    return _error_response(request.url.path, ApiError(500, f"internal error: {type(exc).__name__}: {first}"))
+    return _error_response(request.url.path, ApiError(500, log_failure(log, "request failed", exc)))
 
 
 _WATCH_PATHS = ("/health", "/metrics")

@@ -7,6 +7,12 @@ every running request. A request leaves between steps when it finishes, hits a
 stop string or EOS, or its client goes away; the next queued one joins. Work
 that must run alone (the race) waits until the batch is empty. Each request's
 text is `TextStream`'s, exactly as `stream_generate` makes it alone.
+
+A request that raises leaves alone with a 500 of one line (its caches are
+dropped): in its prompt's blocks, its plan, its prefill and first token
+(`SequenceFailed`), its text. A failure inside the shared cycle cannot be
+pinned on one request (every running one's caches took the pass): it ends
+those requests, and the loop goes on with a fresh decoder.
 """
 
 import logging
@@ -14,11 +20,12 @@ import queue
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..engine.batch.decoder import BatchDecoder, BatchSequence, SequenceSettings
+from ..engine.batch.decoder import BatchDecoder, BatchSequence, SequenceFailed, SequenceSettings
 from ..engine.decode.state import DecodeCache
 from ..errors import DFlashError
 from ..text.generate import GenerationResponse, TextStream, plan_generation
 from ..text.prompt_cache import still_to_run
+from .errors import log_failure
 from .jobs import Delta, Failed, Job, Started
 
 log = logging.getLogger("dflash2.serve")
@@ -86,7 +93,12 @@ class BatchRunner:
             service.job_done()
             return
         ids = list(job.request.prompt_ids)
-        cache, reuse = service.pool.take(ids)
+        try:
+            cache, reuse = service.pool.take(ids)
+        except Exception as e:
+            job.post(Failed(log_failure(log, "admitting a request failed", e)))
+            service.job_done()
+            return
         job.post(Started(len(ids), reuse.tokens))
         self.running.append(_Running(job, ids, cache, reuse))
 
@@ -98,21 +110,27 @@ class BatchRunner:
         passes = self.decoder.passes
         try:
             steps = self.decoder.step()
-        except Exception as e:  # a bug: every request in the batch ends with one line
-            log.exception("batched generation failed")
-            line = f"internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            for r in list(self.running):
-                self._fail(r, Failed(line))
+        except SequenceFailed as e:  # one request's own step: the others run on next step
+            failed = next(r for r in self.running if r.seq is e.seq)
+            self._fail(failed, Failed(log_failure(log, "generation failed", e.error)))
+            return
+        except Exception as e:  # a bug in the shared cycle: its requests end with one line, the others wait
+            failed = Failed(log_failure(log, "batched generation failed", e))
+            for r in [r for r in self.running if r.seq is not None]:
+                self._fail(r, failed, leave_decoder=False)
             self.decoder = BatchDecoder(self.service.pair, self.max_batch, self.decoder.policy)
             return
         by_seq = {id(r.seq): r for r in self.running if r.seq is not None}
         for seq, step in steps:
             r = by_seq[id(seq)]
-            for response in r.stream.feed(step):
-                r.n, r.last = r.n + 1, response
-                r.job.post(Delta(response.text, response.token, response.logprobs, response.from_draft))
-            if r.stream.done or seq.finished:
-                self._finish(r, cancelled=False)
+            try:
+                for response in r.stream.feed(step):
+                    r.n, r.last = r.n + 1, response
+                    r.job.post(Delta(response.text, response.token, response.logprobs, response.from_draft))
+                if r.stream.done or seq.finished:
+                    self._finish(r, cancelled=False)
+            except Exception as e:
+                self._fail(r, Failed(log_failure(log, "batched generation failed", e)))
         if self.decoder.passes > passes:
             committed = sum(len(step.tokens) for _, step in steps if step.verify_rows)
             self.service.metrics.record_pass(*self.decoder.last_pass, committed)
@@ -133,32 +151,44 @@ class BatchRunner:
                                      calibration=service.calibration, prompt_cache=r.cache, grammar=request.grammar,
                                      logits_processors=request.logits_processors(),
                                      top_logprobs=request.top_logprobs, tree_rows=trees, batched=True)
+            settings = SequenceSettings(
+                max_tokens=r.plan.max_tokens, sampling=request.sampling, block_size=r.plan.block,
+                policy=r.plan.policy, batch_decides=r.plan.auto and not request.sampling.seeded,
+                prefill_step_size=service.prefill_step_size, tree_rows=trees, **r.plan.rows)
+            r.seq = self.decoder.add(r.plan.ids, settings, prompt_cache=r.cache)
+            r.stream = TextStream(service.pair, service.tokenizer, r.plan, request.stop, r.seq.profiler, trees)
         except DFlashError as e:
             self._fail(r, Failed(str(e), 400))
             return
-        settings = SequenceSettings(
-            max_tokens=r.plan.max_tokens, sampling=request.sampling, block_size=r.plan.block, policy=r.plan.policy,
-            batch_decides=r.plan.auto and not request.sampling.seeded, prefill_step_size=service.prefill_step_size,
-            tree_rows=trees, **r.plan.rows)
-        r.seq = self.decoder.add(r.plan.ids, settings, prompt_cache=r.cache)
-        r.stream = TextStream(service.pair, service.tokenizer, r.plan, request.stop, r.seq.profiler, trees)
+        except Exception as e:
+            self._fail(r, Failed(log_failure(log, "preparing a request failed", e)))
+            return
         r.warming = False
 
     # -- leaving -------------------------------------------------------------------------
     def _finish(self, r: _Running, cancelled: bool) -> None:
         service = self.service
         self.running.remove(r)
-        self.decoder.remove(r.seq)
-        r.cache.truncate(r.plan.history + len(r.plan.ids) + r.n)  # tokens past a stop were never returned
-        if service.at_rest(r.cache):
-            service.pool.put(r.cache)
-        service.report(r.job, r.ids, r.reuse, r.n, r.last, cancelled, batch=r.seq.largest_batch)
-        service.job_done()
+        try:
+            if r.seq is not None:  # None: cancelled while its prompt's blocks still ran
+                self.decoder.remove(r.seq)
+                r.cache.truncate(r.plan.history + len(r.plan.ids) + r.n)  # tokens past a stop were never returned
+            if service.at_rest(r.cache):
+                service.pool.put(r.cache)
+            batch = r.seq.largest_batch if r.seq is not None else 1
+            service.report(r.job, r.ids, r.reuse, r.n, r.last, cancelled, batch=batch)
+        except Exception as e:  # after Finished it changes nothing: the reader stopped there
+            r.job.post(Failed(log_failure(log, "finishing a request failed", e)))
+        finally:
+            service.job_done()
 
-    def _fail(self, r: _Running, failed: Failed) -> None:
+    def _fail(self, r: _Running, failed: Failed, leave_decoder: bool = True) -> None:
+        """`r` ends with `failed`; its caches are dropped (they may hold half a step)."""
         if r in self.running:
             self.running.remove(r)
-        if r.seq is not None:
-            self.decoder.remove(r.seq)
-        r.job.post(failed)
-        self.service.job_done()
+        try:
+            if leave_decoder and r.seq is not None:
+                self.decoder.remove(r.seq)
+        finally:
+            r.job.post(failed)
+            self.service.job_done()

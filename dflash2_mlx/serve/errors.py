@@ -40,3 +40,17 @@ class ApiError(Exception):
     def anthropic_body(self) -> dict:
         kind = ERROR_TYPES.get(self.status, ERROR_TYPES[500])[1]
         return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+
+def internal_line(e: BaseException) -> str:
+    """A bug, as the one line a client (and the log) gets: its type and first line."""
+    first = str(e).splitlines()[0] if str(e) else ""
+    return f"internal error: {type(e).__name__}: {first}"
+
+
+def log_failure(log, what: str, e: BaseException) -> str:
+    """Log a bug as one line (the traceback only at DEBUG: `serve --debug`); returns the line."""
+    line = internal_line(e)
+    log.error(f"{what}: {line}")
+    log.debug(what, exc_info=e)
+    return line

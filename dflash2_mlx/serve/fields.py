@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 from .errors import ApiError
 
+_FLOAT_MAX = 1.7976931348623157e308
 _NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
           list: "an array", dict: "an object"}
 
@@ -21,9 +22,11 @@ def get(body: dict, key: str, kind: type, default: Any = None, *, required: bool
     value = body[key]
     ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > _FLOAT_MAX:  # float() would raise OverflowError
+            raise ApiError(422, f"'{key}' {shown(value)} is out of range: no setting takes a number this large", key)
         value, ok = float(value), True
     if not ok:
-        raise ApiError(400, f"'{key}' must be {_NAMES.get(kind, kind.__name__)}, not {_json_type(value)}", key)
+        raise ApiError(400, f"'{key}' must be {_NAMES.get(kind, kind.__name__)}, not {json_type(value)}", key)
     return value
 
 
@@ -36,7 +39,7 @@ def check_range(key: str, value, low=None, high=None, *, low_open: bool = False)
     if below or above:
         lo = "(" if low_open else "["
         span = f"{lo}{'-inf' if low is None else low}, {'inf' if high is None else high}]"
-        raise ApiError(422, f"'{key}' {value} is out of range: it must be in {span}", key)
+        raise ApiError(422, f"'{key}' {shown(value)} is out of range: it must be in {span}", key)
 
 
 def stop_list(body: dict, key: str, limit: Optional[int] = None) -> tuple[str, ...]:
@@ -53,7 +56,13 @@ def stop_list(body: dict, key: str, limit: Optional[int] = None) -> tuple[str, .
     return tuple(s for s in value if s)
 
 
-def _json_type(value) -> str:
+def shown(value) -> str:
+    """A number as an error message shows it: a huge integer cut to its first digits."""
+    text = str(value)
+    return text if len(text) <= 24 else f"{text[:12]}… ({len(text.lstrip('-'))} digits)"
+
+
+def json_type(value) -> str:
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, (int, float)):

@@ -2,7 +2,8 @@
 
 The protocol layers (OpenAI, Anthropic) turn a request body into one
 `GenerationRequest` of token ids and settings; the service answers with a
-stream of events: `Started`, then `Delta`s, then one `Finished`.
+stream of events: `Started`, then `Delta`s, then one `Finished`. A `Task` is
+other work for the worker (the race), answered with its return value.
 """
 
 import asyncio
@@ -136,3 +137,51 @@ async def collect(job: Job, gone: Callable[[], Awaitable[bool]]) -> tuple[str, l
         elif isinstance(event, Failed):
             raise ApiError(event.status, event.message)
     return "".join(d.text for d in deltas), deltas, None
+
+
+class Task:
+    """Work other than a generation, run on the worker thread (it owns the model):
+    `work(service)`, the service being the `EngineService` (service.py)."""
+
+    def __init__(self, work: Callable[[object], object], loop: asyncio.AbstractEventLoop):
+        self.work = work
+        self._future = loop.create_future()
+        self._loop = loop
+
+    def run(self, service) -> None:
+        try:
+            value, error = self.work(service), None
+        except Exception as e:  # handed to the awaiting request, which answers with one line
+            value, error = None, e
+        try:
+            self._loop.call_soon_threadsafe(self._settle, value, error)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    def fail(self, error: Exception) -> None:
+        """End the task unrun (the worker died before it)."""
+        try:
+            self._loop.call_soon_threadsafe(self._settle, None, error)
+        except RuntimeError:
+            pass
+
+    def _settle(self, value, error) -> None:
+        if self._future.done():
+            return
+        if error is not None:
+            self._future.set_exception(error)
+        else:
+            self._future.set_result(value)
+
+    async def result(self):
+        return await asyncio.shield(self._future)
+
+
+def fail_all(jobs: list, line: str, error: Exception) -> None:
+    """The worker died (`line` says why): every job and task in `jobs` ends, none hangs."""
+    failed = Failed(f"the engine stopped ({line}): this server must be restarted", 503)
+    for job in jobs:
+        if isinstance(job, Job):
+            job.post(failed)
+        elif isinstance(job, Task):
+            job.fail(error)

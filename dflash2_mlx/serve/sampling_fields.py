@@ -1,23 +1,40 @@
-"""Sampling fields shared by the OpenAI and Anthropic bodies."""
+"""Sampling fields shared by the OpenAI and Anthropic bodies.
+
+Every number is bounded here, before it reaches MLX or a C type: a count
+(max_tokens, top_k, a penalty's context) fits an int32, a seed the 64-bit
+MLX key it becomes, and each token id the target's vocabulary.
+"""
+
+import re
 
 from ..engine.sampling import SamplingParams
 from .errors import ApiError
-from .fields import check_range, get
+from .fields import check_range, get, shown
+
+COUNT_MAX = 2**31 - 1  # counts reach MLX as int32
+SEED_MAX = 2**64 - 1  # a seed becomes an unsigned 64-bit MLX key
+# Below this a temperature is greedy, as vLLM reads it: 1/T past float32's range makes every row NaN.
+GREEDY_BELOW = 1e-5
+_TOKEN_KEY = re.compile(r"-?[0-9]{1,20}")  # ASCII digits only: int() reads other scripts' digits too
 
 
 def read_sampling(body: dict, max_temperature: float) -> SamplingParams:
-    """Temperature 0 (greedy) unless asked, as `dflash2 generate`; 422 outside the ranges."""
+    """Temperature 0 (greedy) unless asked, as `dflash2 generate` (and below GREEDY_BELOW);
+    422 outside the ranges."""
     temperature = get(body, "temperature", float, 0.0)
     top_p = get(body, "top_p", float, 1.0)
     top_k = get(body, "top_k", int, 0)
     min_p = get(body, "min_p", float, 0.0)
     seed = get(body, "seed", int)
     check_range("temperature", temperature, 0.0, max_temperature)
+    if temperature < GREEDY_BELOW:
+        temperature = 0.0
     check_range("top_p", top_p, 0.0, 1.0, low_open=True)
     if top_k == -1:  # vLLM's spelling of "off"
         top_k = 0
-    check_range("top_k", top_k, 0)
+    check_range("top_k", top_k, 0, COUNT_MAX)
     check_range("min_p", min_p, 0.0, 1.0)
+    check_range("seed", seed, 0, SEED_MAX)
     return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
 
 
@@ -25,7 +42,7 @@ def read_max_tokens(body: dict, keys: tuple[str, ...], default: int, required: b
     for key in keys:
         value = get(body, key, int)
         if value is not None:
-            check_range(key, value, 1)
+            check_range(key, value, 1, COUNT_MAX)
             return value
     if required:
         raise ApiError(400, f"'{keys[0]}' is required", keys[0])
@@ -52,16 +69,15 @@ def check_prompt_length(ids: list, limit: int, param: str) -> None:
 def read_logits(body: dict) -> tuple:
     """Logit bias and penalties as mlx-lm's `make_logits_processors` keywords (name, value)
     pairs; OpenAI's ranges (bias in [-100, 100], presence / frequency in [-2, 2]) and mlx-lm's
-    repetition_penalty (> 0) with its context sizes (default 20, as mlx-lm's server)."""
+    repetition_penalty (in (0, 100]) with its context sizes (default 20, as mlx-lm's server)."""
     out = []
     bias = get(body, "logit_bias", dict)
     if bias:
         pairs = []
         for key, value in bias.items():
-            if not (isinstance(key, str) and key.lstrip("-").isdigit()) or isinstance(value, bool) \
-                    or not isinstance(value, (int, float)):
-                raise ApiError(400, "'logit_bias' maps token ids (as strings) to numbers", "logit_bias")
-            check_range("logit_bias", float(value), -100.0, 100.0)
+            if not _TOKEN_KEY.fullmatch(key) or isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ApiError(400, "'logit_bias' maps token ids (as strings of digits) to numbers", "logit_bias")
+            check_range("logit_bias", value, -100.0, 100.0)
             if int(key) < 0:
                 raise ApiError(422, f"'logit_bias' names token {key}: token ids are 0 or more", "logit_bias")
             pairs.append((int(key), float(value)))
@@ -74,13 +90,22 @@ def read_logits(body: dict) -> tuple:
                                     get(body, name.replace("penalty", "context_size"), int, 20))]
     repetition = get(body, "repetition_penalty", float)
     if repetition is not None and repetition != 1.0:
-        check_range("repetition_penalty", repetition, 0.0, None, low_open=True)
+        check_range("repetition_penalty", repetition, 0.0, 100.0, low_open=True)  # a bound: far past 1 it just bans them
         out += [("repetition_penalty", repetition),
                 ("repetition_context_size", get(body, "repetition_context_size", int, 20))]
     for name, value in out:
         if name.endswith("context_size"):
-            check_range(name, value, 1)
+            check_range(name, value, 1, COUNT_MAX)
     return tuple(out)
+
+
+def check_token_ids(ids, vocab_size: int, param: str) -> None:
+    """400 at the first id outside the target's vocabulary: MLX reads an embedding row
+    past the table's end (a crash), and a negative id overflows a C type."""
+    for i, token in enumerate(ids):
+        if not 0 <= token < vocab_size:
+            raise ApiError(400, f"'{param}'[{i}] is {shown(token)}: token ids must be in [0, {vocab_size - 1}]",
+                           param)
 
 
 def check_vocabulary(logits: tuple, vocab_size: int) -> None:
@@ -89,5 +114,5 @@ def check_vocabulary(logits: tuple, vocab_size: int) -> None:
         if name == "logit_bias":
             for token, _ in value:
                 if token >= vocab_size:
-                    raise ApiError(422, f"'logit_bias' names token {token}: this model has {vocab_size} tokens",
+                    raise ApiError(422, f"'logit_bias' names token {shown(token)}: this model has {vocab_size} tokens",
                                    "logit_bias")

@@ -10,6 +10,11 @@ FIFO queue bounded by `max_queue`; beyond it `submit` raises `QueueFull`.
 Between tokens the worker checks whether the client went away, so a cancelled
 request stops within one decode cycle, and `stream_generate`'s own clean-up
 rewinds the caches to the tokens it returned, which keeps them reusable.
+
+A request that raises ends alone (a 500 of one line; its caches dropped). A
+worker that dies (a BaseException) fails every request it holds and all later
+ones with 503 and says why in `failure`, which /health reports and cli/serve.py
+exits on (a supervisor restarts it): the library never exits the process.
 """
 
 import asyncio
@@ -32,8 +37,8 @@ from ..text.context import check_context
 from ..text.generate import stream_generate
 from ..text.prompt_cache import CacheSettings, PromptCache
 from .batching import BatchRunner
-from .errors import ApiError
-from .jobs import Delta, Failed, Finished, GenerationRequest, Job, Started
+from .errors import ApiError, internal_line, log_failure
+from .jobs import Delta, Failed, Finished, GenerationRequest, Job, Started, Task, fail_all
 from .metrics import Metrics
 
 log = logging.getLogger("dflash2.serve")
@@ -45,6 +50,10 @@ class QueueFull(Exception):
 
 class ShuttingDown(Exception):
     """The server is draining: it takes no new requests."""
+
+
+class EngineFailed(Exception):
+    """The worker thread died: nothing can run any more (the message says why)."""
 
 
 class EngineService:
@@ -102,6 +111,11 @@ class EngineService:
         self._stopping = False
         self._ready = threading.Event()
         self._load_error: Optional[BaseException] = None
+        # Why the worker died, in one line (None while it serves); `on_failed(line)` is
+        # called on the dying worker's thread, once.
+        self.failure: Optional[str] = None
+        self.on_failed: Optional[Callable[[str], None]] = None
+        self._current = None  # the job or task running alone, for a worker that dies under it
         self._thread = threading.Thread(target=self._main, name="dflash2-engine", daemon=True)
 
     # -- life cycle (caller's thread) ---------------------------------------------------
@@ -132,15 +146,7 @@ class EngineService:
             check_context(getattr(self.pair, "target", None), len(request.prompt_ids))
         except PromptTooLongError as e:
             raise ApiError(400, str(e)) from None
-        job = Job(request, asyncio.get_running_loop())
-        with self._lock:
-            if self._stopping:
-                raise ShuttingDown()
-            if self._outstanding >= self.max_queue + self.running_limit:  # running, and max_queue waiting
-                raise QueueFull()
-            self._outstanding += 1
-        self._queue.put(job)
-        return job
+        return self._enqueue(Job(request, asyncio.get_running_loop()))
 
     def submit_task(self, work: Callable[["EngineService"], object]) -> "Task":
         """Queue `work(service)` to run on the worker, between generations and never
@@ -148,15 +154,21 @@ class EngineService:
         is full or the server stops; `await task.result()` gives what it returned."""
         if self.channel is not None:  # the other ranks run only generations
             raise ApiError(400, "this server splits the target over ranks: the race runs on a single-process server")
-        task = Task(work, asyncio.get_running_loop())
+        return self._enqueue(Task(work, asyncio.get_running_loop()))
+
+    def _enqueue(self, job):
+        # Put under the lock: a worker that dies takes the lock to fail what is queued,
+        # so no job slips into the queue after that.
         with self._lock:
+            if self.failure is not None:
+                raise EngineFailed(self.failure)
             if self._stopping:
                 raise ShuttingDown()
-            if self._outstanding >= self.max_queue + self.running_limit:
+            if self._outstanding >= self.max_queue + self.running_limit:  # running, and max_queue waiting
                 raise QueueFull()
             self._outstanding += 1
-        self._queue.put(task)
-        return task
+            self._queue.put(job)
+        return job
 
     @property
     def running_limit(self) -> int:
@@ -188,9 +200,10 @@ class EngineService:
             self._outstanding -= 1
 
     def run_task(self, task: "Task") -> None:
-        self._busy = True
+        self._busy, self._current = True, task
         try:
             task.run(self)
+            self._current = None
         finally:
             self._busy = False
             self.job_done()
@@ -212,23 +225,14 @@ class EngineService:
                 return
             finally:
                 self._ready.set()
-            if runner is not None:
-                self._runner = runner
-                runner.run()
-                return
-            while True:
-                job = self._queue.get()
-                if job is None:
-                    if self.channel is not None:
-                        self.channel.send(None)  # the followers return
-                    return
-                self._busy = True
-                try:
-                    job.run(self) if isinstance(job, Task) else self._run(job)
-                finally:
-                    self._busy = False
-                    with self._lock:
-                        self._outstanding -= 1
+            try:
+                if runner is not None:
+                    self._runner = runner
+                    runner.run()
+                else:
+                    self._serve_one_at_a_time()
+            except BaseException as e:  # the worker cannot go on
+                self._die(e)
         finally:
             if self.pool is not None:
                 self.pool.close()  # at stop (SIGTERM too): the blocks still queued reach the disk
@@ -236,6 +240,35 @@ class EngineService:
             # exit ("terminate called without an active exception").
             mx.synchronize()
             mx.clear_streams()
+
+    def _serve_one_at_a_time(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                if self.channel is not None:
+                    self.channel.send(None)  # the followers return
+                return
+            self._busy, self._current = True, job
+            try:
+                job.run(self) if isinstance(job, Task) else self._run(job)
+                self._current = None  # left set when a BaseException ends the worker here
+            finally:
+                self._busy = False
+                with self._lock:
+                    self._outstanding -= 1
+
+    def _die(self, e: BaseException) -> None:
+        """The worker's end: `failure` set, a 503 for all it held, ran or queued, then `on_failed`."""
+        line = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
+        log.debug("the engine stopped", exc_info=e)
+        with self._lock, self._queue.mutex:  # _enqueue puts under self._lock: nothing joins after this
+            self.failure, waiting = line, list(self._queue.queue)
+            self._queue.queue.clear()
+        runner = self._runner
+        held = [r.job for r in runner.running] + list(runner.tasks) if runner is not None else []
+        fail_all(held + [self._current] + waiting, line, EngineFailed(line))
+        if self.on_failed is not None:
+            self.on_failed(line)
 
     def _batch_runner(self):
         """The batch runner when requests can share passes here, else None (one at a
@@ -255,6 +288,19 @@ class EngineService:
         return BatchRunner(self, self.max_batch, policy)
 
     def _run(self, job: Job) -> None:
+        """One request, alone; whatever it raises ends it (a 500) and nothing else."""
+        try:
+            self._generate_job(job)
+        except Exception as e:
+            job.post(Failed(self._internal("generation failed", e)))
+
+    def _internal(self, what: str, e: Exception) -> str:
+        """A bug's one line, logged; with ranks (a lost peer, likely) `on_fatal` ends the rank."""
+        if self.channel is not None and self.on_fatal is not None:
+            self.on_fatal(internal_line(e).removeprefix("internal error: "))
+        return log_failure(log, what, e)
+
+    def _generate_job(self, job: Job) -> None:
         request = job.request
         if job.cancelled.is_set():  # the client left while the request waited
             self.metrics.cancelled += 1
@@ -305,10 +351,10 @@ class EngineService:
             self.on_busy(True)
         try:
             cache, prompt, reuse = self.pool.prepare(ids, self.prefill_step_size)
-        except DFlashError as e:
+        except Exception as e:  # the caches it took are dropped
             if self.on_busy is not None:
                 self.on_busy(False)
-            return Failed(str(e), 400)
+            return Failed(str(e), 400) if isinstance(e, DFlashError) else Failed(self._internal("prefill failed", e))
         started(len(ids), reuse.tokens)
         responses = stream_generate(
             self.pair, self.tokenizer, prompt, max_tokens=request.max_tokens, sampling=request.sampling,
@@ -328,12 +374,8 @@ class EngineService:
                 delta(r)
         except DFlashError as e:
             return Failed(str(e), 400)
-        except Exception as e:  # a bug: logged here, one line to the client
-            if self.channel is not None and self.on_fatal is not None:
-                # With ranks, most likely a lost peer: no later request could run either.
-                self.on_fatal(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-            log.exception("generation failed")
-            return Failed(f"internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        except Exception as e:  # a bug: logged here, one line to the client; the caches are dropped
+            return Failed(self._internal("generation failed", e))
         finally:
             responses.close()  # rewinds the caches to the tokens returned
             if self.on_busy is not None:
@@ -341,36 +383,6 @@ class EngineService:
         if _at_rest(cache):
             self.pool.put(cache)
         return ids, reuse, n, last, cancelled
-
-
-class Task:
-    """Work other than a generation, run on the worker thread (it owns the model)."""
-
-    def __init__(self, work: Callable[["EngineService"], object], loop: asyncio.AbstractEventLoop):
-        self.work = work
-        self._future = loop.create_future()
-        self._loop = loop
-
-    def run(self, service: "EngineService") -> None:
-        try:
-            value, error = self.work(service), None
-        except Exception as e:  # handed to the awaiting request, which answers with one line
-            value, error = None, e
-        try:
-            self._loop.call_soon_threadsafe(self._settle, value, error)
-        except RuntimeError:  # the loop is closed: nobody waits any more
-            pass
-
-    def _settle(self, value, error) -> None:
-        if self._future.done():
-            return
-        if error is not None:
-            self._future.set_exception(error)
-        else:
-            self._future.set_result(value)
-
-    async def result(self):
-        return await asyncio.shield(self._future)
 
 
 def _at_rest(cache: DecodeCache) -> bool:

@@ -18,12 +18,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..engine.grammar import JSON_LAYOUT, Grammar
+from ..engine.grammar import Grammar
 from .errors import ApiError
 from .render import partial_suffix
 from .structured import checked
-
-JSON_BODY_PARSERS = ("mlx_lm.tool_parsers.json_tools",)
+from .tool_schemas import JSON_BODY_PARSERS, check_tool_schemas, forced_call_grammar
 
 
 @dataclass(frozen=True)
@@ -62,9 +61,12 @@ class ToolPlan:
         return content, [p for p in pieces if isinstance(p, ToolCall)]
 
 
-def plan_tools(tokenizer, tools: list, choice, parallel: bool = True) -> ToolPlan:
+def plan_tools(tokenizer, tools: list, choice, parallel: bool = True, schema_field: str = "parameters") -> ToolPlan:
     """`tools`: OpenAI function tools ({"type": "function", "function": {...}}); `choice`:
-    "none" | "auto" | "required" | a function name (forced) | None (auto when tools)."""
+    "none" | "auto" | "required" | a function name (forced) | None (auto when tools).
+    Every tool's schema is checked first, whatever the choice (`schema_field`: its
+    name in the client's protocol, for the 400)."""
+    check_tool_schemas(tools, tokenizer, schema_field)
     if not tools or choice == "none":
         return ToolPlan()
     names = [t["function"]["name"] for t in tools]
@@ -85,21 +87,8 @@ def plan_tools(tokenizer, tools: list, choice, parallel: bool = True) -> ToolPla
                                 f"{getattr(parser, '__module__', '?').rsplit('.', 1)[-1]}: use tool_choice 'auto'",
                            "tool_choice")
         chosen = [t for t in tools if choice == "required" or t["function"]["name"] == choice]
-        grammar = checked(_forced_call_grammar(chosen, start, end, parallel and choice == "required"), "tools")
+        grammar = checked(forced_call_grammar(chosen, start, end, parallel and choice == "required"), "tools")
     return ToolPlan(tuple(tools), True, grammar, start, end, parser)
-
-
-def _forced_call_grammar(tools: list, start: str, end: str, several: bool) -> Grammar:
-    """The tags around {"name": NAME, "arguments": {...}} for one of `tools` (or several calls)."""
-    bodies = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-               "properties": {"name": {"const": t["function"]["name"]},
-                              "arguments": t["function"].get("parameters") or {"type": "object"}}}
-              for t in tools]
-    schema = {**(bodies[0] if len(bodies) == 1 else {"anyOf": bodies}), "x-guidance": JSON_LAYOUT}
-    repeat = "+" if several else ""
-    lark = (f"start: call{repeat}\ncall: {json.dumps(start)} body {json.dumps(end)}\n"
-            f"body: %json {json.dumps(schema)}\n")
-    return Grammar("lark", lark)
 
 
 @dataclass(frozen=True)

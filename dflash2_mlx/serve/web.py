@@ -25,8 +25,8 @@ from ..text.prompt import build_prompt
 from .body import read_json
 from .errors import ApiError
 from .fields import get
-from .sampling_fields import check_prompt_length, read_max_tokens, read_sampling
-from .service import EngineService, QueueFull, ShuttingDown
+from .sampling_fields import check_prompt_length, check_token_ids, read_max_tokens, read_sampling
+from .service import EngineFailed, EngineService, QueueFull, ShuttingDown
 from .settings import ServeSettings
 
 STATIC = Path(__file__).parent / "static"
@@ -77,10 +77,14 @@ def routes(service: EngineService, settings: ServeSettings, race: Optional[Calla
             raise ApiError(429, f"the server is full ({service.running_limit} running, {service.max_queue} waiting): retry later") from None
         except ShuttingDown:
             raise ApiError(503, "the server is shutting down") from None
+        except EngineFailed as e:
+            raise ApiError(503, f"the engine stopped ({e}): this server must be restarted") from None
         try:
             record = await task.result()
         except DFlashError as e:
             raise ApiError(400, str(e)) from None
+        except EngineFailed as e:
+            raise ApiError(503, f"the engine stopped ({e}): this server must be restarted") from None
         prompt = get(body, "prompt", str)
         record.update({"prompt": prompt if prompt is not None else service.tokenizer.decode(ids),
                        "model": settings.model_id, "command": "POST /v1/dflash/race",
@@ -100,8 +104,9 @@ def race_prompt_ids(body: dict, tokenizer, settings: ServeSettings, vocab_size: 
     `dflash2 compare` builds it (the chat template around one user turn)."""
     ids = get(body, "prompt_token_ids", list)
     if ids is not None:
-        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in ids):
-            raise ApiError(400, "'prompt_token_ids' must be token ids of this model's vocabulary", "prompt_token_ids")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise ApiError(400, "'prompt_token_ids' must be an array of token ids", "prompt_token_ids")
+        check_token_ids(ids, vocab_size, "prompt_token_ids")
     else:
         text = get(body, "prompt", str, required=True)
         try:

@@ -35,7 +35,16 @@ from .ahead import LookAhead
 from .passes import batch_blocker, draft_pass, target_pass
 from .sequence import BatchSequence, SequenceSettings
 
-__all__ = ["BatchDecoder", "BatchSequence", "SequenceSettings", "batch_blocker"]
+__all__ = ["BatchDecoder", "BatchSequence", "SequenceFailed", "SequenceSettings", "batch_blocker"]
+
+
+class SequenceFailed(Exception):
+    """One sequence's own step raised (`error`) before any other's ran: only it has to
+    go; the others' caches are untouched and they run on at the next step."""
+
+    def __init__(self, seq: "BatchSequence", error: Exception):
+        super().__init__(str(error))
+        self.seq, self.error = seq, error
 
 
 class BatchDecoder:
@@ -88,7 +97,10 @@ class BatchDecoder:
         joining = [s for s in self.sequences if s.anchor is None and not s.finished]
         running = [s for s in self.sequences if s.running]
         if joining:
-            first = joining[0].prefill_chunk()
+            try:
+                first = joining[0].prefill_chunk()  # its prompt, its first token: its own hooks run here
+            except Exception as e:
+                raise SequenceFailed(joining[0], e) from e
             if first is not None:
                 out.append((joining[0], first))
         if running:

@@ -12,6 +12,7 @@ the processed row (before temperature and the sampling filters) at the
 committed token, and the row's most likely tokens.
 """
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -87,5 +88,7 @@ class RowRule:
             top_ids = mx.argsort(-lp, axis=-1)[:, :k]
             top_lp = mx.take_along_axis(lp, top_ids, axis=-1)
             ids, vals, picks = top_ids.tolist(), top_lp.tolist(), picked.tolist()
-            return tuple(TokenLogprobs(p, tuple(zip(i, v))) for p, i, v in zip(picks, ids, vals))
+            # A token the row rules out (-inf: a grammar's mask) is not among the likely ones.
+            return tuple(TokenLogprobs(p, tuple((t, x) for t, x in zip(i, v) if x > -math.inf))
+                         for p, i, v in zip(picks, ids, vals))
         return tuple(TokenLogprobs(p) for p in picked.tolist())
