@@ -147,3 +147,54 @@ def node_ranks(tree, cand) -> list[int]:
     """Each draft-tree node's candidate index at its position (0 = the drafter's
     best there; the anchor 0): which branch a walk took."""
     return [0] + [list(cand[tree.depth[j] - 1]).index(tree.tokens[j]) for j in range(1, tree.rows)]
+
+
+def run_beside_companions(pair, prompt, settings: list, companions: int = 2, companion_tokens: int = 400):
+    """Run one sequence per entry of `settings` (each a `SequenceSettings`, all on `prompt`)
+    in one `BatchDecoder`, joined after `companions` greedy sequences with other prompts and
+    blocks are already decoding, so their cycles share passes with them (and with each other).
+
+    Returns (each sequence's tokens, its steps, the fewest sequences any pass of one of their
+    cycles held, read from the decoder's pass records)."""
+    from dflash2_mlx.engine.batch.decoder import BatchDecoder, SequenceSettings
+
+    decoder = BatchDecoder(pair, max_batch=len(settings) + companions)
+    others = [decoder.add([2, 3, 4, 1, 6, 5, 7][: 3 + j], SequenceSettings(max_tokens=companion_tokens, block_size=3 + j))
+              for j in range(companions)]
+    while any(not c.running for c in others):
+        decoder.step()
+    seqs = [decoder.add(prompt, s) for s in settings]
+    tokens, steps = {id(s): [] for s in seqs}, {id(s): [] for s in seqs}
+    fewest = None
+    while any(not s.finished for s in seqs):
+        for seq, st in decoder.step():
+            if id(seq) in tokens:
+                if steps[id(seq)]:  # past its first token (the prefill's): a cycle in this step's pass
+                    fewest = decoder.last_pass[0] if fewest is None else min(fewest, decoder.last_pass[0])
+                tokens[id(seq)].extend(st.tokens)
+                steps[id(seq)].append(st)
+    assert all(c.running for c in others), "a companion finished before the sequences it was to run beside"
+    return [tokens[id(s)] for s in seqs], [steps[id(s)] for s in seqs], fewest
+
+
+PIT_BINS = 10
+
+
+def pick_pvalues(picks, seed: int = 0) -> tuple[float, float]:
+    """Two chi-square p-values that draws `picks` [(token, p row [V])], each said to come from
+    its own row's p (the rows may all differ), really do: randomized PIT values
+    u = F(x - 1) + v p(x) (uniform whatever the rows) on PIT_BINS equal bins, and each token's
+    count against the sum of its p over the picks (tokens expecting under 5 left out;
+    conservative: a sum of Bernoullis varies less than a Poisson count)."""
+    from scipy.stats import chisquare
+
+    rng = np.random.RandomState(seed)
+    assert all(p[x] > 0 for x, p in picks), "a pick outside its row's support"
+    u = np.array([p[:x].sum() + rng.uniform() * p[x] for x, p in picks])
+    pit = chisquare(np.bincount(np.minimum((u * PIT_BINS).astype(int), PIT_BINS - 1), minlength=PIT_BINS)).pvalue
+    expected = np.sum([p for _, p in picks], axis=0)
+    observed = np.bincount([x for x, _ in picks], minlength=expected.size).astype(float)
+    keep = expected >= 5
+    assert keep.sum() >= 2, "too few tokens expect 5 picks: no count test"
+    counts = chisquare(observed[keep], expected[keep] * observed[keep].sum() / expected[keep].sum()).pvalue
+    return pit, counts

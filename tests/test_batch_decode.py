@@ -184,30 +184,26 @@ def test_rules_of_each_row_hold_in_a_batch():
 
 @pytest.mark.slow
 def test_batched_sampling_matches_the_target_distribution():
-    """The first three tokens of sequences sampled in batches of 8 (beside companions
-    with other prompts and blocks): chi-square against mlx-lm's exact distribution."""
+    """The first three tokens of sequences sampled eight at a time, joined beside two greedy
+    companions (other prompts, other blocks) already decoding: chi-square against mlx-lm's
+    exact distribution. The decoder's pass records show that every sampled cycle shared its
+    pass with both companions."""
+    from helpers import run_beside_companions
     from test_sampling import ALPHA, PROMPT, exact_distribution, gof_pvalue, tiny_drafter, tiny_target
 
     target, cfg = tiny_target()
     pair = Pair.make(target, tiny_drafter(cfg, "dflash2"))
-    settings, n = SamplingParams(temperature=1.0), 600
-    counts, seed = {}, 0
-    while seed < n:
-        decoder, seqs = BatchDecoder(pair, max_batch=8), []
-        for _ in range(6):
-            sampling = SamplingParams(settings.temperature, seed=seed)
-            seqs.append(decoder.add(PROMPT, SequenceSettings(max_tokens=3, block_size=3, sampling=sampling)))
-            seed += 1
-        for j in range(2):  # companions: another prompt, another block, greedy
-            decoder.add([2, 3, 4, 1, 6][: 2 + j], SequenceSettings(max_tokens=5, block_size=4))
-        got = {id(s): [] for s in seqs}
-        while any(not s.finished for s in seqs):
-            for s, st in decoder.step():
-                if id(s) in got:
-                    got[id(s)].extend(st.tokens)
-        for toks in got.values():
+    settings, n, counts = SamplingParams(temperature=1.0), 600, {}
+    for first in range(0, n, 8):
+        tokens, steps, fewest = run_beside_companions(pair, PROMPT, [
+            SequenceSettings(max_tokens=3, block_size=3, sampling=SamplingParams(settings.temperature, seed=seed))
+            for seed in range(first, min(first + 8, n))])
+        assert fewest >= 3, f"a sampled cycle ran in a pass of {fewest} sequences: not beside the companions"
+        assert all(any(st.drafted for st in sts) for sts in steps)
+        for toks in tokens:
             counts[tuple(toks[:3])] = counts.get(tuple(toks[:3]), 0) + 1
     p = gof_pvalue(counts, exact_distribution(target, settings), n=n)
+    print(f"batched T=1: chi-square p = {p:.3g}")
     assert p > ALPHA, f"chi-square p = {p:.2e}"
 
 

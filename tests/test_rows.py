@@ -25,7 +25,33 @@ SETTINGS = {
     "presence": dict(presence_penalty=1.2, presence_context_size=32),
     "frequency": dict(frequency_penalty=0.9, frequency_context_size=32),
     "bias": None,  # made from the plain answer: two of its tokens banned, one boosted
+    "previous": None,  # made from the plain answer: `after_previous_token`
 }
+
+
+def after_previous_token(plain):
+    """A logits processor that reads the previous token: after each token of the plain
+    answer it bans the token that followed it there. A row processed with its prefix one
+    token short bans the wrong token, and the greedy answer changes (it does not for
+    the penalties above, which see nearly the same counts either way)."""
+    follow = {}
+    for prev, nxt in zip(plain, plain[1:]):
+        follow.setdefault(prev, nxt)
+
+    def processor(tokens, logits):
+        banned = follow.get(int(tokens[-1].item()))
+        if banned is None:
+            return logits
+        return mx.where(mx.arange(logits.shape[-1]) == banned, -mx.inf, logits)
+
+    return processor
+
+
+def processors_for(name, plain):
+    if name == "previous":
+        return [after_previous_token(plain)]
+    return make_logits_processors(**(SETTINGS[name] or dict(logit_bias={plain[3]: -100.0, plain[12]: -100.0,
+                                                                         plain[20]: 1.5})))
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +79,7 @@ def test_greedy_with_each_processor_equals_penalised_plain_decoding(builtin, nam
     pair, tokenizer = builtin
     prompt = tokenizer.encode("def parse(line):\n    parts = line.split(")
     plain, _ = reference(pair.target, prompt, [])
-    settings = SETTINGS[name] or dict(logit_bias={plain[3]: -100.0, plain[12]: -100.0, plain[20]: 1.5})
-    processors = make_logits_processors(**settings)
+    processors = processors_for(name, plain)
     want, _ = reference(pair.target, prompt, processors)
     assert want != plain  # the processor changes the answer: the check is not vacuous
     assert ours(pair.without_drafter(), prompt, processors)[0] == want
@@ -104,3 +129,16 @@ def test_trees_with_a_penalty_and_logprobs_equal_plain_decoding(builtin, rows):
     assert got == want and sum(s.accepted for s in steps) > 0
     for token, row, lp in zip(want, lp_rows, logprobs):
         assert abs(lp.logprob - row[token]) < 1e-5
+
+
+@pytest.mark.parametrize("rows", [8, 20])
+def test_trees_with_a_previous_token_processor_equal_plain_decoding(builtin, rows):
+    """Each tree node's row is processed after its own path, the node's token last."""
+    pair, tokenizer = builtin
+    prompt = tokenizer.encode("def parse(line):\n    parts = line.split(")
+    plain, _ = reference(pair.target, prompt, [])
+    processors = processors_for("previous", plain)
+    want, _ = reference(pair.target, prompt, processors)
+    assert want != plain
+    got, _, steps = ours(pair, prompt, processors, tree_rows=rows)
+    assert got == want and sum(s.accepted for s in steps) > 0

@@ -2,7 +2,9 @@
 
 The same chi-square test as tests/test_sampling.py (8-token vocabulary, the
 exact joint distribution of the first three tokens, fixed seeds): the tree's
-rule must pass it, and a plausible wrong rule must fail it.
+rule must pass it, and a plausible wrong rule must fail it. Below, a white-box
+check of every sampled spine node's pick against its own row's p, pooled over
+many cycles (the first three tokens rarely reach a node below the root).
 """
 
 import mlx.core as mx
@@ -14,6 +16,7 @@ import dflash2_mlx.engine.tree.verify as tree_verify
 from dflash2_mlx.engine.decode.loop import speculative_generate_step
 from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.engine.sampling import SamplingParams
+from helpers import pick_pvalues
 from test_sampling import ALPHA, PROMPT, exact_distribution, gof_pvalue, sample_counts, tiny_drafter, tiny_target
 
 N_SAMPLES = 500
@@ -88,3 +91,55 @@ def test_resampling_from_p_after_a_spine_rejection_fails_the_same_test(pair, mon
     p = gof_pvalue(sample_counts(_tree(target, drafters["dflash2"], SPINE, 7), N_SPINE), table, N_SPINE)
     print(f"residual from p: chi-square p = {p:.3g}")
     assert p < ALPHA, f"the wrong rule passed: chi-square p = {p:.2e}"
+
+
+# The white-box check below: each spine node's pick (the drawn child kept with
+# probability min(1, p/q), else a residual draw) is, given the node's row, a
+# draw from that row's p. Pooled over many cycles, two chi-square tests at ALPHA:
+# randomized PIT values u = F(x - 1) + v p(x) (uniform whatever the rows) on
+# equal bins, and each token's count against the sum of its p over the picks
+# (helpers.pick_pvalues).
+# Nodes below the root are pooled apart: the first-three-token tests above rarely
+# reach them. A top-k of 3 over the tiny vocabulary keeps p and q apart, so siblings
+# are often rejected.
+PIT_SEQUENCES, PIT_TOKENS = 60, 24
+
+
+def _spine_picks(target, drafter, settings, monkeypatch):
+    """{"root": ..., "below": ...}: (picked token, its row's p [V]) of every spine node."""
+    from dflash2_mlx.engine.tree.build import DraftTree
+
+    seen, real_accept, real_walk = {}, tree_decode.accept_tree, DraftTree.walk
+    picks_at = {"root": [], "below": []}
+
+    def accept(tree, logits, sampling, transform, key, profiler):
+        seen.update(tree=tree, p=np.array(mx.softmax(transform(logits), axis=-1, precise=True), dtype=np.float64))
+        return real_accept(tree, logits, sampling, transform, key, profiler)
+
+    def walk(tree, picks):
+        if seen.get("tree") is tree:
+            for j in tree.proposals:
+                picks_at["root" if j == 0 else "below"].append((int(picks[j]), seen["p"][j]))
+        return real_walk(tree, picks)
+
+    monkeypatch.setattr(tree_decode, "accept_tree", accept)
+    monkeypatch.setattr(DraftTree, "walk", walk)
+    for seed in range(PIT_SEQUENCES):
+        s = SamplingParams(settings.temperature, settings.top_p, settings.top_k, settings.min_p, seed)
+        for _ in speculative_generate_step(PROMPT, Pair.make(target, drafter), max_tokens=PIT_TOKENS, sampling=s,
+                                           tree_rows=7):
+            pass
+    return picks_at
+
+
+def test_every_spine_node_picks_from_its_own_rows_p(pair, monkeypatch):
+    """Fails when a spine node is accepted and resampled with the q of the node
+    above it (measured below the root: PIT p = 9e-14, token counts p = 4e-19), or
+    when only its residual uses that q (PIT p = 9e-5, token counts p = 2e-6)."""
+    target, drafters = pair
+    picks = _spine_picks(target, drafters["dflash2"], SPINE, monkeypatch)
+    assert len(picks["below"]) >= 2000, len(picks["below"])
+    for where, at in picks.items():
+        pit, counts = pick_pvalues(at)
+        print(f"spine {where}: {len(at)} picks, PIT chi-square p = {pit:.3g}, token counts p = {counts:.3g}")
+        assert min(pit, counts) > ALPHA, f"spine nodes {where}: p = {pit:.2e} (PIT), {counts:.2e} (tokens)"
