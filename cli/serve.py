@@ -94,10 +94,11 @@ def serve(
     time_collectives: o.TimeCollectives = True,
     debug: o.Debug = False,
 ):
-    """Serve the pair over HTTP: OpenAI (/v1/chat/completions, /v1/completions, /v1/models)
-    and Anthropic (/v1/messages), with DFlash 2 decoding (or --ar), a prompt cache
-    across requests, /health and /metrics. Ctrl-C or SIGTERM drains and exits;
-    a second stops at once (status 130 or 143).
+    """Serve the pair over HTTP: OpenAI (/v1/chat/completions, /v1/completions, /v1/responses,
+    /v1/models), Anthropic (/v1/messages, /v1/messages/count_tokens) and a page at / (chat,
+    the race of plain decoding against the pair, the server's state), with DFlash 2 decoding
+    (or --ar), a prompt cache across requests, /health and /metrics. Ctrl-C or SIGTERM
+    drains and exits; a second stops at once (status 130 or 143).
 
     With --processes N or --hostfile FILE the target is split over N ranks;
     rank 0 serves HTTP, the others run the same generations with it."""
@@ -186,7 +187,8 @@ def serve(
     bound = sock.getsockname()
     mode = "plain autoregressive" if pair.drafter is None else pair.kind
     print(f"serving '{model}' ({mode}) on http://{_url_host(bound[0])}:{bound[1]}  "
-          "(open it in a browser for the page; OpenAI /v1/chat/completions, Anthropic /v1/messages; "
+          "(open it in a browser for the page; OpenAI /v1/chat/completions and /v1/responses, "
+          "Anthropic /v1/messages; "
           "Ctrl-C stops)", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, log_level="info" if debug else "warning", access_log=debug,
                             timeout_graceful_shutdown=_AFTER_DRAIN_S)
