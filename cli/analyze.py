@@ -68,7 +68,7 @@ def analyze(
     refs = {k: v for k, v in refs.items() if v}
     if not refs:
         raise DFlashError("no drafters: pass at least one of --dflash, --selector, --conv, --dflash2")
-    ui.status(f"loading the target and {len(refs)} drafter(s)…")
+    ui.progress_note(f"loading the target and {len(refs)} drafter(s)…")
     target, tokenizer = load_target(resolve_builtin(model, "target"), activation_dtype=mx.float32)
     pairs = {k: Pair.make(target, load_drafter(resolve_builtin(v, "drafter"), activation_dtype=mx.float32))
              for k, v in refs.items()}
@@ -76,7 +76,7 @@ def analyze(
         pair.block_size(block, "--block-size")
         o.check_tree_fits(pair, tree)
     _check_lengths(target, seq_len, prompt_len, max_tokens, prompts)
-    ui.status("reading the held-out share of --data…")
+    ui.progress_note("reading the held-out share of --data…")
     heldout = heldout_sequences([str(p) for p in data], tokenizer, seq_len, heldout_fraction)
     # Minutes of work: a bar on a terminal, plain lines on stderr otherwise.
     with ui.AnalyzeProgress() as progress:

@@ -36,11 +36,12 @@ def load_pair(
     drafter's full-attention context to its first rows and the latest N
     (`Drafter.set_context_window`; None: the checkpoint's own attention).
     """
-    check_draft_window(draft_window)  # before anything loads
+    # The values first (no file is read), then the references, the target's first.
+    check_draft_window(draft_window)
+    quant = DraftQuant.parse(draft_quant) if draft_quant else None
     check_reference(resolve_builtin(target_ref, "target"), "target")
     if drafter_ref:
         check_reference(resolve_builtin(drafter_ref, "drafter"), "drafter")
-    quant = DraftQuant.parse(draft_quant) if draft_quant else None
     drafter = None
     if drafter_ref:
         drafter = load_drafter(resolve_builtin(drafter_ref, "drafter"), activation_dtype=activation_dtype)
