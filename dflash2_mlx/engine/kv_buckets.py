@@ -76,14 +76,19 @@ class BucketedKVCache(KVCache):
         """Grow the buffer to hold `rows` rows in whole buckets (a restored prompt
         cache's buffer may end anywhere: it grows from where it ends)."""
         have = 0 if self.keys is None else self.keys.shape[2]
-        need = bucket(rows)
-        if need <= have:
-            return
-        B, H, _, Dk = keys.shape
-        more_k = mx.zeros((B, H, need - have, Dk), keys.dtype)
-        more_v = mx.zeros((B, H, need - have, values.shape[3]), values.dtype)
-        if self.keys is None:
-            self.keys, self.values = more_k, more_v
-        else:
-            self.keys = mx.concatenate([self.keys, more_k], axis=2)
-            self.values = mx.concatenate([self.values, more_v], axis=2)
+        if bucket(rows) > have:
+            grow_buffers(self, bucket(rows), keys, values)
+
+
+def grow_buffers(cache, size: int, keys: mx.array, values: mx.array) -> None:
+    """Extend `cache.keys` / `cache.values` with zero rows to `size` rows, shaped and
+    typed like the new `keys` / `values` (the first write creates them)."""
+    have = 0 if cache.keys is None else cache.keys.shape[2]
+    B, H, _, Dk = keys.shape
+    more_k = mx.zeros((B, H, size - have, Dk), keys.dtype)
+    more_v = mx.zeros((B, H, size - have, values.shape[3]), values.dtype)
+    if cache.keys is None:
+        cache.keys, cache.values = more_k, more_v
+    else:
+        cache.keys = mx.concatenate([cache.keys, more_k], axis=2)
+        cache.values = mx.concatenate([cache.values, more_v], axis=2)

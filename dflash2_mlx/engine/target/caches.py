@@ -22,6 +22,7 @@ from typing import Optional
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache
 
+from ..kv_buckets import grow_buffers
 from ..window import window_visible
 
 
@@ -100,17 +101,8 @@ class WindowKVCache:
 
     def _reserve(self, rows: int, keys: mx.array, values: mx.array) -> None:
         size = 0 if self.keys is None else self.keys.shape[2]
-        if size >= rows:
-            return
-        new = min(self.capacity, -(-rows // self.step) * self.step)
-        B, H, _, Dk = keys.shape
-        grow_k = mx.zeros((B, H, new - size, Dk), keys.dtype)
-        grow_v = mx.zeros((B, H, new - size, values.shape[3]), values.dtype)
-        if self.keys is None:
-            self.keys, self.values = grow_k, grow_v
-        else:
-            self.keys = mx.concatenate([self.keys, grow_k], axis=2)
-            self.values = mx.concatenate([self.values, grow_v], axis=2)
+        if size < rows:
+            grow_buffers(self, min(self.capacity, -(-rows // self.step) * self.step), keys, values)
 
     def _write(self, start: int, keys: mx.array, values: mx.array) -> None:
         """Put rows for positions start.. into their slots (at most one wrap)."""
