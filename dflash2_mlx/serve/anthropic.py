@@ -27,6 +27,7 @@ class Call:
     stream: bool
     think: tuple  # (start tag, end tag, answer starts inside the think block)
     tools: ToolPlan = ToolPlan()
+    model: Optional[str] = None  # the name the request asked for: answers echo it
 
 
 def parse_messages(body: dict, tokenizer, settings: ServeSettings) -> Call:
@@ -38,7 +39,8 @@ def parse_messages(body: dict, tokenizer, settings: ServeSettings) -> Call:
     max_tokens = read_max_tokens(body, ("max_tokens",), 0, required=True)
     request = GenerationRequest(tuple(ids), max_tokens, sampling, stop_list(body, "stop_sequences"), plan.grammar)
     start, end = think_tags(tokenizer)
-    return Call(request, get(body, "stream", bool, False), (start, end, starts_thinking(text, start, end)), plan)
+    return Call(request, get(body, "stream", bool, False), (start, end, starts_thinking(text, start, end)), plan,
+                get(body, "model", str))
 
 
 def _tool_plan(body: dict, tokenizer) -> ToolPlan:
@@ -138,6 +140,11 @@ def _tool(tool, index: int) -> dict:
     # Chat templates read OpenAI-style function tools.
     if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
         raise ApiError(400, f"'tools[{index}]' needs a 'name'", f"tools[{index}]")
+    kind = tool.get("type", "custom")
+    if kind != "custom":  # web_search_*, bash_*, text_editor_*, ...: Anthropic runs those, this server cannot
+        raise ApiError(400, f"'tools[{index}]' '{tool['name']}' is the server tool type '{kind}', which this "
+                            f"server does not run: send custom tools (name, description, input_schema)",
+                       f"tools[{index}]")
     return {"type": "function", "function": {"name": tool["name"], "description": tool.get("description", ""),
                                              "parameters": tool.get("input_schema", {})}}
 
@@ -164,7 +171,7 @@ def usage(fin: Finished) -> dict:
 
 class Answer:
     def __init__(self, call: Call, model_id: str, tokenizer):
-        self.call, self.model, self.tokenizer = call, model_id, tokenizer
+        self.call, self.model, self.tokenizer = call, call.model or model_id, tokenizer
         self.id = f"msg_{uuid.uuid4().hex[:24]}"
         self.splitter = ReasoningSplitter(*call.think)
         self.tokens: list[int] = []
@@ -201,9 +208,11 @@ class Answer:
 
     async def stream(self, job: Job) -> AsyncIterator[str]:
         index, kind = -1, None  # the open content block
+        texted = False  # a text block went out (the whole answer has one unless it is only calls)
 
         def open_block(new_kind):
-            nonlocal index, kind
+            nonlocal index, kind, texted
+            texted = texted or new_kind == "text"
             out = []
             if kind is not None:
                 out.append(event("content_block_stop", {"index": index}))
@@ -256,9 +265,8 @@ class Answer:
             if isinstance(ev, Started):
                 start_usage = {"input_tokens": ev.prompt_tokens - ev.cached_tokens, "output_tokens": 0,
                                "cache_read_input_tokens": ev.cached_tokens, "cache_creation_input_tokens": 0}
+                # Blocks open with their first text (as `whole` has no empty block before a tool_use).
                 yield event("message_start", {"message": self._message([], None, start_usage)})
-                for chunk in open_block("text") if not self.call.think[2] else open_block("thinking"):
-                    yield chunk
             elif isinstance(ev, Delta):
                 self.tokens.append(ev.token)
                 self.emitted += ev.text
@@ -267,6 +275,9 @@ class Answer:
             elif isinstance(ev, Finished):
                 for chunk in deltas(*self.splitter.flush(), final=True):
                     yield chunk
+                if not texted and not called:  # an empty answer: one empty text block, as `whole`
+                    for chunk in open_block("text"):
+                        yield chunk
                 if kind is not None:
                     yield event("content_block_stop", {"index": index})
                 stop = self._stop(ev)

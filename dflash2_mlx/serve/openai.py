@@ -8,6 +8,7 @@ the model.
 import json
 import time
 import uuid
+from datetime import datetime, timezone
 from dataclasses import dataclass
 from typing import AsyncIterator, Optional
 
@@ -15,7 +16,7 @@ from ..text.generate import encode_prompt
 from .errors import ApiError
 from .fields import get, stop_list
 from .jobs import Delta, Failed, Finished, GenerationRequest, Job, Started
-from .render import ReasoningSplitter, conversation_ids, starts_thinking, think_tags
+from .render import ReasoningSplitter, conversation_ids, partial_suffix, starts_thinking, think_tags
 from .fields import check_range
 from .sampling_fields import check_model, check_prompt_length, read_logits, read_max_tokens, read_sampling
 from .settings import ServeSettings
@@ -34,6 +35,7 @@ class Call:
     include_usage: bool
     think: tuple  # (start tag, end tag, answer starts inside the think block)
     tools: ToolPlan = ToolPlan()
+    model: Optional[str] = None  # the name the request asked for: answers echo it (as OpenAI's API)
 
 
 def parse_chat(body: dict, tokenizer, settings: ServeSettings) -> Call:
@@ -90,7 +92,7 @@ def _call(body: dict, ids: list, settings: ServeSettings, chat: bool, think: tup
         raise ApiError(400, "'response_format' and a forced tool call both constrain the answer: send one of them",
                        "response_format")
     request = GenerationRequest(tuple(ids), max_tokens, sampling, stop, grammar or tools.grammar, logits, top)
-    return Call(request, chat, stream, include_usage, think, tools)
+    return Call(request, chat, stream, include_usage, think, tools, get(body, "model", str))
 
 
 def read_message(m, index: int) -> dict:
@@ -197,8 +199,13 @@ class Answer:
     """Builds the response objects for one call."""
 
     def __init__(self, call: Call, model_id: str, tokenizer=None):
-        self.call, self.model, self.tokenizer = call, model_id, tokenizer
+        self.call, self.model, self.tokenizer = call, call.model or model_id, tokenizer
         self.unsent: list = []  # streamed Deltas whose log-probabilities have not gone out yet
+        self.text = ""  # every streamed Delta's text so far (where the call markup sits)
+        self.unsent_at = 0  # where in `text` the first unsent Delta's text begins
+        # A forced call's stream opens with the call: the role goes out on its first chunk with
+        # content null, as OpenAI streams a tool call (a text answer's role goes out at once).
+        self.role_pending = call.chat and call.tools.grammar is not None
         prefix = "chatcmpl" if call.chat else "cmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
@@ -214,12 +221,22 @@ class Answer:
         kind = ("chat.completion" if self.call.chat else "text_completion") + (".chunk" if chunk and self.call.chat else "")
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def logprobs(self, deltas: list) -> Optional[dict]:
-        """The `logprobs` object of these tokens, in the chat or the completions shape."""
+    def add(self, delta: Delta) -> None:
+        """A streamed token: its text, and its log-probabilities to send."""
+        if delta.logprobs is not None:
+            if not self.unsent:
+                self.unsent_at = len(self.text)
+            self.unsent.append(delta)
+        self.text += delta.text
+
+    def logprobs(self, deltas: list, text: Optional[str] = None, at: int = 0) -> Optional[dict]:
+        """The `logprobs` object of these tokens, in the chat or the completions shape (`text`:
+        all the answer's text, where `deltas` begin at `at`; default: theirs alone)."""
         if self.call.request.top_logprobs is None:
             return None
         if self.call.chat:
-            return {"content": logprob_entries(self.tokenizer, deltas)}
+            text = "".join(d.text for d in deltas) if text is None else text
+            return {"content": logprob_entries(self.tokenizer, self.answer_tokens(deltas, text, at))}
         entries = [(d.token, d.logprobs) for d in deltas if d.logprobs is not None]
         name = lambda t: self.tokenizer.decode([t])  # noqa: E731
         offsets, at = [], 0
@@ -246,14 +263,54 @@ class Answer:
             choice = {"index": 0, "text": text, "finish_reason": fin.finish_reason, "logprobs": self.logprobs(deltas)}
         return {**self._envelope(False), "choices": [choice], "usage": usage(fin)}
 
+    def answer_tokens(self, deltas: list, text: str, at: int = 0) -> list:
+        """`deltas` less what is not the answer's own text: end-of-sequence tokens and, with
+        tools parsed, the tokens of the call tags (`text`: the answer's text, `deltas`' from `at`)."""
+        eos = set(getattr(self.tokenizer, "eos_token_ids", None) or [])
+        plan = self.call.tools
+        tags = [t for t in (plan.start, plan.end) if t] if plan.parse else []
+        spans = [(p, p + len(tag)) for tag in tags for p in _finds(text, tag)]
+        out = []
+        for d in deltas:
+            a, at = at, at + len(d.text)
+            if d.token in eos or (a < at and any(s <= a and at <= e for s, e in spans)):
+                continue
+            out.append(d)
+        return out
+
+    def _ready_logprobs(self, final: bool) -> list:
+        """The unsent Deltas that may go out now: all of them but those that may still turn
+        out to be part of a call tag (held until it is decided)."""
+        plan = self.call.tools
+        if final or not (self.call.chat and plan.parse and plan.start):
+            ready, self.unsent = self.unsent, []
+            return ready
+        hold = max(partial_suffix(self.text, t) for t in (plan.start, plan.end) if t)
+        n, tail = len(self.unsent), 0
+        while n and tail < hold:
+            n, tail = n - 1, tail + len(self.unsent[n - 1].text)
+        ready, self.unsent = self.unsent[:n], self.unsent[n:]
+        return ready
+
     def chunk(self, delta: Optional[dict] = None, text: str = "", finish: Optional[str] = None) -> str:
         # Log-probabilities of the tokens streamed so far ride on the next chunk that goes out.
-        logprobs, self.unsent = (self.logprobs(self.unsent) if self.unsent else None), []
+        at = self.unsent_at
+        ready = self._ready_logprobs(finish is not None) if self.unsent else []
+        self.unsent_at += sum(len(d.text) for d in ready)
+        logprobs = self.logprobs(ready, self.text, at) if ready else None
+        if logprobs is not None and self.call.chat and not logprobs["content"]:
+            logprobs = None  # only call markup: as a chunk with no tokens
         if self.call.chat:
-            choice = {"index": 0, "delta": delta or {}, "finish_reason": finish, "logprobs": logprobs}
+            delta = delta or {}
+            if self.role_pending:
+                self.role_pending = False
+                delta = {"role": "assistant", "content": None if "tool_calls" in delta else "", **delta}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         else:
             choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
         body = {**self._envelope(True), "choices": [choice]}
+        if self.call.include_usage:  # OpenAI's chunks carry usage null until the last (usage) chunk
+            body["usage"] = None
         if self.from_draft is not None:
             body["dflash"] = {"from_draft": self.from_draft}
         return sse(body)
@@ -288,7 +345,8 @@ class Answer:
         """A tool call's first chunk, as OpenAI streams one: index, id and name."""
         index = self._indices[call.id] = len(self._indices)
         head = {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
-        return self.chunk({"tool_calls": [head]})
+        # The first call's chunk says content null, as OpenAI's does.
+        return self.chunk({"content": None, "tool_calls": [head]} if index == 0 else {"tool_calls": [head]})
 
     def _arguments_chunk(self, call_id: str, text: str) -> str:
         return self.chunk({"tool_calls": [{"index": self._indices[call_id], "function": {"arguments": text}}]})
@@ -301,11 +359,10 @@ async def stream(job: Job, answer: Answer) -> AsyncIterator[str]:
     """Server-sent events for one call; a disconnect cancels the task, and with
     it the job (see `Job.events`)."""
     async for event in job.events():
-        if isinstance(event, Started) and answer.call.chat:
+        if isinstance(event, Started) and answer.call.chat and not answer.role_pending:
             yield answer.chunk({"role": "assistant", "content": ""})
         elif isinstance(event, Delta):
-            if event.logprobs is not None:
-                answer.unsent.append(event)
+            answer.add(event)
             answer.from_draft = event.from_draft
             for chunk in answer.text_chunks(event.text):
                 yield chunk
@@ -332,6 +389,13 @@ def logprob_entries(tokenizer, deltas) -> list[dict]:
             for d in deltas if d.logprobs is not None]
 
 
+def _finds(text: str, tag: str):
+    at = text.find(tag)
+    while at >= 0:
+        yield at
+        at = text.find(tag, at + len(tag))
+
+
 def _tool_call_json(call: ToolCall) -> dict:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
@@ -341,8 +405,14 @@ def sse(data: dict) -> str:
 
 
 def models_list(names, created: int) -> dict:
-    return {"object": "list", "data": [model_card(name, created) for name in names]}
+    """OpenAI's list and Anthropic's page (has_more, first_id, last_id) in one object."""
+    names = list(names)
+    return {"object": "list", "data": [model_card(name, created) for name in names], "has_more": False,
+            "first_id": names[0] if names else None, "last_id": names[-1] if names else None}
 
 
 def model_card(model_id: str, created: int) -> dict:
-    return {"id": model_id, "object": "model", "created": created, "owned_by": "dflash2-mlx"}
+    """A model in OpenAI's shape (object, created, owned_by) and Anthropic's (type, display_name, created_at)."""
+    stamp = datetime.fromtimestamp(created, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"id": model_id, "object": "model", "created": created, "owned_by": "dflash2-mlx",
+            "type": "model", "display_name": model_id, "created_at": stamp}

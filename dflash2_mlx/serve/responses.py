@@ -155,7 +155,8 @@ class Answer:
     """The response object of one call, built whole or event by event."""
 
     def __init__(self, call: Call, model_id: str, tokenizer=None):
-        self.call, self.model, self.tokenizer = call, model_id, tokenizer
+        # The name the request asked for, as OpenAI's API echoes it.
+        self.call, self.model, self.tokenizer = call, get(call.body, "model", str) or model_id, tokenizer
         self.id = f"resp_{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.splitter = ReasoningSplitter(*call.think)

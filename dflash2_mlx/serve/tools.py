@@ -67,6 +67,11 @@ def plan_tools(tokenizer, tools: list, choice, parallel: bool = True, schema_fie
     Every tool's schema is checked first, whatever the choice (`schema_field`: its
     name in the client's protocol, for the 400)."""
     check_tool_schemas(tools, tokenizer, schema_field)
+    if not tools and choice not in (None, "auto", "none"):
+        # Dropping the choice would answer in plain text where the client waits for a call.
+        forced = "'required'" if choice == "required" else f"the tool '{choice}'"
+        raise ApiError(400, f"tool_choice forces {forced} but the request has no 'tools': send the tools "
+                            f"a call may use, or tool_choice 'auto'", "tool_choice")
     if not tools or choice == "none":
         return ToolPlan()
     names = [t["function"]["name"] for t in tools]

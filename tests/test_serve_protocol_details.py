@@ -1,0 +1,182 @@
+"""Protocol details agents trip on (issue 39, items 3, 4 and 6), through the official clients.
+
+One real server on the built-in pair: a forced tool choice without tools is a 400;
+a streamed Anthropic answer has the content blocks of the non-streamed one; server
+tools are refused; chat chunks carry `usage: null` and a tool call's first chunk
+`content: null`; /v1/models speaks both protocols; answers echo the asked model name;
+streamed tool-call logprobs leave out the call markup and the end-of-sequence token.
+"""
+
+import json
+from datetime import datetime
+
+import anthropic
+import openai
+import pytest
+
+from serve_helpers import Server
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+           "required": ["city"], "additionalProperties": False}
+OPENAI_TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                                  "parameters": WEATHER}}]
+ANTHROPIC_TOOLS = [{"name": "get_weather", "description": "The weather in a city", "input_schema": WEATHER}]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = Server("--block-size", "8", "--served-model-name", "dflash2-builtin", tmp=tmp_path_factory.mktemp("details"))
+    try:
+        yield s
+    finally:
+        code, log = s.stop()
+        assert code == 0 and "Traceback" not in log, log
+
+
+def oai(s: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def anth(s: Server) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=s.url, api_key="unused", max_retries=0, timeout=120)
+
+
+# -- 3: a forced tool choice needs tools -----------------------------------------------
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}],
+                         ids=["required", "named"])
+def test_chat_forced_tool_choice_without_tools_is_400(server, choice):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai(server).chat.completions.create(model="m", messages=ASK, tool_choice=choice, max_tokens=4)
+    assert e.value.body["param"] == "tool_choice" and "tools" in e.value.body["message"]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}], ids=["required", "named"])
+def test_responses_forced_tool_choice_without_tools_is_400(server, choice):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai(server).responses.create(model="m", input="hi", tool_choice=choice, max_output_tokens=4)
+    assert e.value.body["param"] == "tool_choice"
+
+
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}], ids=["any", "tool"])
+def test_anthropic_forced_tool_choice_without_tools_is_400(server, choice):
+    with pytest.raises(anthropic.BadRequestError) as e:
+        anth(server).messages.create(model="m", max_tokens=4, messages=ASK, tool_choice=choice)
+    assert "tool_choice" in e.value.message
+
+
+def test_tool_choice_auto_and_none_without_tools_still_answer(server):
+    for choice in ("auto", "none"):
+        r = oai(server).chat.completions.create(model="m", messages=ASK, tool_choice=choice, max_tokens=3)
+        assert r.choices[0].message.content is not None
+
+
+# -- 4: streamed Anthropic blocks are the non-streamed blocks ---------------------------
+
+
+@pytest.mark.parametrize("ask", [dict(tools=ANTHROPIC_TOOLS, tool_choice={"type": "any"}), dict()],
+                         ids=["forced-tool", "text"])
+def test_anthropic_stream_has_the_blocks_of_the_whole_answer(server, ask):
+    kwargs = dict(model="m", max_tokens=60, messages=ASK, extra_body={"temperature": 0}, **ask)
+    whole = anth(server).messages.create(**kwargs)
+    with anth(server).messages.stream(**kwargs) as stream:
+        starts = [(e.index, e.content_block.type) for e in stream if e.type == "content_block_start"]
+        final = stream.get_final_message()
+    assert starts == [(i, b.type) for i, b in enumerate(whole.content)]
+    assert [b.type for b in final.content] == [b.type for b in whole.content]
+    if ask:
+        assert [b.type for b in whole.content] == ["tool_use"]
+
+
+# -- 6a: Anthropic server tools are refused --------------------------------------------
+
+
+@pytest.mark.parametrize("tool", [{"type": "web_search_20250305", "name": "web_search", "max_uses": 2},
+                                  {"type": "bash_20250124", "name": "bash"},
+                                  {"type": "text_editor_20250124", "name": "str_replace_editor"}],
+                         ids=lambda t: t["type"])
+def test_anthropic_server_tools_are_400(server, tool):
+    with pytest.raises(anthropic.BadRequestError) as e:
+        anth(server).messages.create(model="m", max_tokens=4, messages=ASK, tools=[tool])
+    assert tool["type"] in e.value.message and "tools[0]" in e.value.message
+
+
+def test_anthropic_custom_type_tools_are_read(server):
+    m = anth(server).messages.create(model="m", max_tokens=60, messages=ASK, tool_choice={"type": "any"},
+                                     tools=[{**ANTHROPIC_TOOLS[0], "type": "custom"}])
+    assert [b.type for b in m.content] == ["tool_use"]
+
+
+# -- 6b: chat stream chunks as OpenAI sends them ----------------------------------------
+
+
+@pytest.mark.parametrize("ask", [dict(tools=OPENAI_TOOLS, tool_choice="required"), dict()], ids=["tool", "text"])
+def test_chat_stream_usage_null_and_tool_call_content_null(server, ask):
+    chunks = list(oai(server).chat.completions.create(model="m", messages=ASK, max_tokens=60, temperature=0,
+                                                      stream=True, stream_options={"include_usage": True}, **ask))
+    *body, last = chunks
+    assert last.choices == [] and last.usage.completion_tokens > 0
+    for chunk in body:
+        sent = chunk.to_dict()  # only the keys the server sent
+        assert "usage" in sent and sent["usage"] is None
+    assert body[0].choices[0].delta.role == "assistant"
+    calls = [c.choices[0].delta for c in body if c.choices[0].delta.tool_calls]
+    if ask:
+        assert "content" in calls[0].to_dict() and calls[0].content is None
+    else:
+        assert not calls and body[0].choices[0].delta.content is not None
+
+
+# -- 6c: /v1/models in both shapes ------------------------------------------------------
+
+
+def test_models_list_in_openai_and_anthropic_shape(server):
+    assert [m.id for m in oai(server).models.list().data] == ["dflash2-builtin"]
+    assert oai(server).models.retrieve("dflash2-builtin").owned_by == "dflash2-mlx"
+    [card] = anth(server).models.list().data
+    assert (card.id, card.type, card.display_name) == ("dflash2-builtin", "model", "dflash2-builtin")
+    assert isinstance(card.created_at, datetime) and card.created_at.tzinfo is not None
+    assert anth(server).models.retrieve("dflash2-builtin").type == "model"
+
+
+# -- 6d: answers name the model asked for -----------------------------------------------
+
+
+def test_answers_echo_the_asked_model_name(server):
+    name = "gpt-4o-mini"
+    assert oai(server).chat.completions.create(model=name, messages=ASK, max_tokens=2).model == name
+    assert all(c.model == name for c in oai(server).chat.completions.create(model=name, messages=ASK, max_tokens=2,
+                                                                               stream=True))
+    assert oai(server).completions.create(model=name, prompt="x", max_tokens=2).model == name
+    assert oai(server).responses.create(model=name, input="hi", max_output_tokens=2).model == name
+    claude = "claude-sonnet-4-5"
+    assert anth(server).messages.create(model=claude, max_tokens=2, messages=ASK).model == claude
+    with anth(server).messages.stream(model=claude, max_tokens=2, messages=ASK) as stream:
+        assert stream.get_final_message().model == claude
+
+
+def test_strict_model_name_still_refuses_other_names(tmp_path):
+    s = Server("--served-model-name", "only", "--strict-model-name", tmp=tmp_path)
+    try:
+        with pytest.raises(openai.NotFoundError):
+            oai(s).chat.completions.create(model="gpt-4o", messages=ASK, max_tokens=2)
+        assert oai(s).chat.completions.create(model="only", messages=ASK, max_tokens=2).model == "only"
+    finally:
+        s.stop()
+
+
+# -- 6e: streamed logprobs of a tool call -----------------------------------------------
+
+
+def test_streamed_tool_call_logprobs_leave_out_markup_and_eos(server):
+    ask = dict(model="m", messages=ASK, tools=OPENAI_TOOLS, tool_choice="required", max_tokens=60, temperature=0,
+               logprobs=True, top_logprobs=1)
+    whole = oai(server).chat.completions.create(**ask)
+    streamed = [e.token for c in oai(server).chat.completions.create(**ask, stream=True)
+                if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content or []]
+    text = "".join(streamed)
+    assert streamed and "<tool_call>" not in text and "</tool_call>" not in text and "<|endoftext|>" not in text
+    assert json.loads(whole.choices[0].message.tool_calls[0].function.arguments)["city"]
+    assert streamed == [e.token for e in whole.choices[0].logprobs.content]
