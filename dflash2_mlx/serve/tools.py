@@ -69,7 +69,7 @@ def plan_tools(tokenizer, tools: list, choice, parallel: bool = True, schema_fie
     check_tool_schemas(tools, tokenizer, schema_field)
     if not tools and choice not in (None, "auto", "none"):
         # Dropping the choice would answer in plain text where the client waits for a call.
-        forced = "'required'" if choice == "required" else f"the tool '{choice}'"
+        forced = "a tool call" if choice == "required" else f"a call of '{choice}'"
         raise ApiError(400, f"tool_choice forces {forced} but the request has no 'tools': send the tools "
                             f"a call may use, or tool_choice 'auto'", "tool_choice")
     if not tools or choice == "none":
