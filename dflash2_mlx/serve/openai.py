@@ -1,4 +1,4 @@
-"""The OpenAI protocol: /v1/chat/completions, /v1/completions, /v1/models.
+"""The OpenAI protocol: /v1/chat/completions, /v1/completions (/v1/models: models.py).
 
 Thin: it reads a body into a `GenerationRequest`, and turns the service's
 events into the OpenAI JSON or server-sent-event chunks. Nothing here touches
@@ -8,7 +8,6 @@ the model.
 import json
 import time
 import uuid
-from datetime import datetime, timezone
 from dataclasses import dataclass
 from typing import AsyncIterator, Optional
 
@@ -16,6 +15,7 @@ from ..text.generate import encode_prompt
 from .errors import ApiError
 from .fields import get, stop_list
 from .jobs import Delta, Failed, Finished, GenerationRequest, Job, Started
+from .logprobs import logprob_entries
 from .render import ReasoningSplitter, conversation_ids, partial_suffix, starts_thinking, think_tags
 from .fields import check_range
 from .sampling_fields import check_model, check_prompt_length, read_logits, read_max_tokens, read_sampling
@@ -378,17 +378,6 @@ async def stream(job: Job, answer: Answer) -> AsyncIterator[str]:
     yield "data: [DONE]\n\n"
 
 
-def logprob_entries(tokenizer, deltas) -> list[dict]:
-    """Each token's log-probability entry (token, logprob, bytes, top_logprobs), the shape chat
-    completions and the Responses API share."""
-    def entry(token: int, logprob: float) -> dict:
-        text = tokenizer.decode([token])
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
-
-    return [{**entry(d.token, d.logprobs.logprob), "top_logprobs": [entry(i, v) for i, v in d.logprobs.top]}
-            for d in deltas if d.logprobs is not None]
-
-
 def _finds(text: str, tag: str):
     at = text.find(tag)
     while at >= 0:
@@ -402,17 +391,3 @@ def _tool_call_json(call: ToolCall) -> dict:
 
 def sse(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
-def models_list(names, created: int) -> dict:
-    """OpenAI's list and Anthropic's page (has_more, first_id, last_id) in one object."""
-    names = list(names)
-    return {"object": "list", "data": [model_card(name, created) for name in names], "has_more": False,
-            "first_id": names[0] if names else None, "last_id": names[-1] if names else None}
-
-
-def model_card(model_id: str, created: int) -> dict:
-    """A model in OpenAI's shape (object, created, owned_by) and Anthropic's (type, display_name, created_at)."""
-    stamp = datetime.fromtimestamp(created, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {"id": model_id, "object": "model", "created": created, "owned_by": "dflash2-mlx",
-            "type": "model", "display_name": model_id, "created_at": stamp}

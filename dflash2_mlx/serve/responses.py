@@ -19,7 +19,8 @@ from typing import AsyncIterator, Optional
 from .errors import ApiError
 from .fields import get
 from .jobs import Delta, Failed, Finished, GenerationRequest, Job
-from .openai import logprob_entries, read_message, read_tool_call
+from .logprobs import logprob_entries
+from .openai import read_message, read_tool_call
 from .render import ReasoningSplitter, conversation_ids, starts_thinking, think_tags
 from .fields import check_range
 from .sampling_fields import check_model, check_prompt_length, read_logits, read_max_tokens, read_sampling
