@@ -66,3 +66,17 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode, self.output()
+
+
+def oai(s: Server, key: str = "unused"):
+    """The official OpenAI client for `s`: no retries, so every status the server answers is seen."""
+    import openai
+
+    return openai.OpenAI(base_url=s.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def ant(s: Server, key: str = "unused"):
+    """The official Anthropic client for `s`, as `oai`."""
+    import anthropic
+
+    return anthropic.Anthropic(base_url=s.url, api_key=key, max_retries=0, timeout=120)

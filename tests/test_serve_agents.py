@@ -17,7 +17,7 @@ import openai
 import numpy as np
 import pytest
 
-from serve_helpers import Server
+from serve_helpers import Server, ant, oai
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
                                            "days": {"type": "integer", "minimum": 1, "maximum": 30},
@@ -35,10 +35,6 @@ def server(tmp_path_factory):
     finally:
         code, log = s.stop()
         assert code == 0 and "Traceback" not in log, log
-
-
-def oai(s: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def json_schema_format(schema):
@@ -102,17 +98,13 @@ def test_any_model_name_is_served_and_models_lists_the_served_names(server):
     for name in ("claude-3-5-haiku-latest", "gpt-4o", "fast"):
         r = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
         assert r.model == name and r.choices[0].message.content is not None  # echoed, as OpenAI does
-    import anthropic
-
-    a = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+    a = ant(server)
     m = a.messages.create(model="claude-sonnet-4-5", max_tokens=3, messages=[{"role": "user", "content": "hi"}])
     assert m.model == "claude-sonnet-4-5" and m.content[0].type == "text"
 
 
 def test_count_tokens_equals_what_a_messages_call_reads(server):
-    import anthropic
-
-    a = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+    a = ant(server)
     kwargs = dict(model="claude-sonnet-4-5", system="You are terse.",
                   messages=[{"role": "user", "content": "count these tokens, please: " + "x " * 17}])
     counted = a.messages.count_tokens(**kwargs).input_tokens
@@ -185,9 +177,7 @@ def test_tool_choice_none_and_unknown_names(server):
 
 @pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}], ids=["any", "tool"])
 def test_anthropic_agent_loop(server, choice):
-    import anthropic
-
-    a = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+    a = ant(server)
     tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
               "input_schema": t["function"]["parameters"]} for t in OPENAI_TOOLS]
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from serve_helpers import Server
+from serve_helpers import Server, ant, oai
 
 KEY = "test-key-12"
 PROMPT = "Write a story about a cat."
@@ -65,14 +65,6 @@ def locked(started):
 @pytest.fixture(scope="module")
 def reference(started):
     return started[2]
-
-
-def oai(s: Server, key: str = "unused") -> openai.OpenAI:
-    return openai.OpenAI(base_url=s.url + "/v1", api_key=key, max_retries=0, timeout=120)
-
-
-def ant(s: Server, key: str = "unused") -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=s.url, api_key=key, max_retries=0, timeout=120)
 
 
 def test_openai_greedy_equals_generate(server, reference):

@@ -14,7 +14,7 @@ import anthropic
 import openai
 import pytest
 
-from serve_helpers import Server
+from serve_helpers import Server, ant, oai
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
            "required": ["city"], "additionalProperties": False}
@@ -32,14 +32,6 @@ def server(tmp_path_factory):
     finally:
         code, log = s.stop()
         assert code == 0 and "Traceback" not in log, log
-
-
-def oai(s: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-def anth(s: Server) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=s.url, api_key="unused", max_retries=0, timeout=120)
 
 
 # -- 3: a forced tool choice needs tools -----------------------------------------------
@@ -63,7 +55,7 @@ def test_responses_forced_tool_choice_without_tools_is_400(server, choice):
 @pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}], ids=["any", "tool"])
 def test_anthropic_forced_tool_choice_without_tools_is_400(server, choice):
     with pytest.raises(anthropic.BadRequestError) as e:
-        anth(server).messages.create(model="m", max_tokens=4, messages=ASK, tool_choice=choice)
+        ant(server).messages.create(model="m", max_tokens=4, messages=ASK, tool_choice=choice)
     assert "tool_choice" in e.value.message
 
 
@@ -80,8 +72,8 @@ def test_tool_choice_auto_and_none_without_tools_still_answer(server):
                          ids=["forced-tool", "text"])
 def test_anthropic_stream_has_the_blocks_of_the_whole_answer(server, ask):
     kwargs = dict(model="m", max_tokens=60, messages=ASK, extra_body={"temperature": 0}, **ask)
-    whole = anth(server).messages.create(**kwargs)
-    with anth(server).messages.stream(**kwargs) as stream:
+    whole = ant(server).messages.create(**kwargs)
+    with ant(server).messages.stream(**kwargs) as stream:
         starts = [(e.index, e.content_block.type) for e in stream if e.type == "content_block_start"]
         final = stream.get_final_message()
     assert starts == [(i, b.type) for i, b in enumerate(whole.content)]
@@ -99,12 +91,12 @@ def test_anthropic_stream_has_the_blocks_of_the_whole_answer(server, ask):
                          ids=lambda t: t["type"])
 def test_anthropic_server_tools_are_400(server, tool):
     with pytest.raises(anthropic.BadRequestError) as e:
-        anth(server).messages.create(model="m", max_tokens=4, messages=ASK, tools=[tool])
+        ant(server).messages.create(model="m", max_tokens=4, messages=ASK, tools=[tool])
     assert tool["type"] in e.value.message and "tools[0]" in e.value.message
 
 
 def test_anthropic_custom_type_tools_are_read(server):
-    m = anth(server).messages.create(model="m", max_tokens=60, messages=ASK, tool_choice={"type": "any"},
+    m = ant(server).messages.create(model="m", max_tokens=60, messages=ASK, tool_choice={"type": "any"},
                                      tools=[{**ANTHROPIC_TOOLS[0], "type": "custom"}])
     assert [b.type for b in m.content] == ["tool_use"]
 
@@ -135,10 +127,10 @@ def test_chat_stream_usage_null_and_tool_call_content_null(server, ask):
 def test_models_list_in_openai_and_anthropic_shape(server):
     assert [m.id for m in oai(server).models.list().data] == ["dflash2-builtin"]
     assert oai(server).models.retrieve("dflash2-builtin").owned_by == "dflash2-mlx"
-    [card] = anth(server).models.list().data
+    [card] = ant(server).models.list().data
     assert (card.id, card.type, card.display_name) == ("dflash2-builtin", "model", "dflash2-builtin")
     assert isinstance(card.created_at, datetime) and card.created_at.tzinfo is not None
-    assert anth(server).models.retrieve("dflash2-builtin").type == "model"
+    assert ant(server).models.retrieve("dflash2-builtin").type == "model"
 
 
 # -- 6d: answers name the model asked for -----------------------------------------------
@@ -152,8 +144,8 @@ def test_answers_echo_the_asked_model_name(server):
     assert oai(server).completions.create(model=name, prompt="x", max_tokens=2).model == name
     assert oai(server).responses.create(model=name, input="hi", max_output_tokens=2).model == name
     claude = "claude-sonnet-4-5"
-    assert anth(server).messages.create(model=claude, max_tokens=2, messages=ASK).model == claude
-    with anth(server).messages.stream(model=claude, max_tokens=2, messages=ASK) as stream:
+    assert ant(server).messages.create(model=claude, max_tokens=2, messages=ASK).model == claude
+    with ant(server).messages.stream(model=claude, max_tokens=2, messages=ASK) as stream:
         assert stream.get_final_message().model == claude
 
 

@@ -42,10 +42,15 @@ class ApiError(Exception):
         return {"type": "error", "error": {"type": kind, "message": self.message}}
 
 
-def internal_line(e: BaseException) -> str:
-    """A bug, as the one line a client (and the log) gets: its type and first line."""
+def error_line(e: BaseException) -> str:
+    """An exception in one line: its type and the first line of its message."""
     first = str(e).splitlines()[0] if str(e) else ""
-    return f"internal error: {type(e).__name__}: {first}"
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
+def internal_line(e: BaseException) -> str:
+    """A bug, as the one line a client (and the log) gets."""
+    return f"internal error: {error_line(e)}"
 
 
 def log_failure(log, what: str, e: BaseException) -> str:

@@ -37,7 +37,7 @@ from ..text.context import check_context
 from ..text.generate import stream_generate
 from ..text.prompt_cache import CacheSettings, PromptCache
 from .batching import BatchRunner
-from .errors import ApiError, internal_line, log_failure
+from .errors import ApiError, error_line, log_failure
 from .jobs import Delta, Failed, Finished, GenerationRequest, Job, Started, Task, fail_all
 from .metrics import Metrics
 
@@ -259,7 +259,7 @@ class EngineService:
 
     def _die(self, e: BaseException) -> None:
         """The worker's end: `failure` set, a 503 for all it held, ran or queued, then `on_failed`."""
-        line = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
+        line = error_line(e)
         log.debug("the engine stopped", exc_info=e)
         with self._lock, self._queue.mutex:  # _enqueue puts under self._lock: nothing joins after this
             self.failure, waiting = line, list(self._queue.queue)
@@ -297,7 +297,7 @@ class EngineService:
     def _internal(self, what: str, e: Exception) -> str:
         """A bug's one line, logged; with ranks (a lost peer, likely) `on_fatal` ends the rank."""
         if self.channel is not None and self.on_fatal is not None:
-            self.on_fatal(internal_line(e).removeprefix("internal error: "))
+            self.on_fatal(error_line(e))
         return log_failure(log, what, e)
 
     def _generate_job(self, job: Job) -> None:
