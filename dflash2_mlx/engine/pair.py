@@ -14,6 +14,7 @@ from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx.utils import tree_flatten
 
 from ..errors import BlockSizeError, IncompatibleError
@@ -177,12 +178,27 @@ def selector_transform(drafter: Drafter, target: Target) -> LogitTransform:
     return IDENTITY
 
 
+# Elements sampled from every tensor for `fingerprint`: enough that two checkpoints of one
+# architecture (a fine-tune, another seed, norms left at one) differ in some of them, few
+# enough to cost nothing.
+SAMPLES_PER_TENSOR = 64
+
+
 def fingerprint(module: nn.Module, shape: list) -> str:
-    """Shape facts plus a checksum of the norm weights (cheap; retraining changes them)."""
+    """Shape facts plus every tensor's name, shape, dtype and SAMPLES_PER_TENSOR elements
+    spread over it. (Norm weights alone were not enough: two look-alike checkpoints with
+    norms left at one shared a fingerprint, and so a prompt-cache folder.)"""
     h = hashlib.sha1(json.dumps([str(x) for x in shape]).encode())
-    norms = [p for name, p in sorted(tree_flatten(module.parameters())) if "norm" in name][:8]
-    for p in norms:
-        h.update(memoryview(p.astype(mx.float32)).tobytes())
+    params = sorted(tree_flatten(module.parameters()))
+    picks = []
+    for _, p in params:
+        flat = p.reshape(-1)
+        n = min(SAMPLES_PER_TENSOR, flat.size)
+        picks.append(flat[mx.array(np.linspace(0, flat.size - 1, n).astype(np.int64))] if n else flat)
+    mx.eval(picks)
+    for (name, p), pick in zip(params, picks):
+        h.update(json.dumps([name, list(p.shape), str(p.dtype)]).encode())
+        h.update(memoryview(pick).tobytes())
     return h.hexdigest()[:16]
 
 

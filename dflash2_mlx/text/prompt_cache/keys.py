@@ -10,12 +10,9 @@ the keys up to the block it changes.
 
 import hashlib
 import json
-from typing import Optional, Sequence
+from typing import Sequence
 
 import mlx.core as mx
-import mlx.nn as nn
-import numpy as np
-from mlx.utils import tree_flatten
 
 from ...device import backend_name
 from ...engine.pair import Pair
@@ -23,40 +20,13 @@ from ...engine.pair import Pair
 # Bump when the stored layout changes: older files then have other keys and are never read.
 FORMAT_VERSION = 2  # 2: a block's snapshot is its own entry (snapshot thinning)
 
-# Elements sampled from every tensor for `weights_fingerprint`: enough that two checkpoints of one
-# architecture (a fine-tune, another seed) differ in some of them, few enough to cost nothing.
-SAMPLES_PER_TENSOR = 64
-
-
-def weights_fingerprint(module: Optional[nn.Module]) -> Optional[str]:
-    """A hex digest of `module`'s weights: every tensor's name, shape, dtype and
-    SAMPLES_PER_TENSOR elements spread over it. `Pair.identity` checksums only the
-    norm weights, which two look-alike checkpoints (same architecture, norms left
-    at one) share, so a folder shared by two pairs would serve one the other's rows."""
-    if module is None:
-        return None
-    params = sorted(tree_flatten(module.parameters()))
-    picks = []
-    for _, p in params:
-        flat = p.reshape(-1)
-        n = min(SAMPLES_PER_TENSOR, flat.size)
-        picks.append(flat[mx.array(np.linspace(0, flat.size - 1, n).astype(np.int64))] if n else flat)
-    mx.eval(picks)
-    h = hashlib.sha256()
-    for (name, p), pick in zip(params, picks):
-        h.update(json.dumps([name, list(p.shape), str(p.dtype)]).encode())
-        h.update(memoryview(pick).tobytes())
-    return h.hexdigest()
-
-
 def pair_fingerprint(pair: Pair, block_tokens: int) -> str:
     """A hex digest of everything the cached rows depend on: both models (their
-    weights, `weights_fingerprint`), their dtypes and quantization, the layers the
+    weights: `Pair.identity`), their dtypes and quantization, the layers the
     drafter taps, its context window, the target's rollback room, the backend and
     the block size."""
     facts = {
         "version": FORMAT_VERSION, "backend": backend_name(), "block_tokens": block_tokens, **pair.identity(),
-        "weights": {"target": weights_fingerprint(pair.target.model), "drafter": weights_fingerprint(pair.drafter)},
         "max_block": getattr(pair.target, "max_block", None), "layer_ids": list(pair.layer_ids or ()),
         "context_window": getattr(pair.drafter, "context_window", None),
     }
