@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from dflash2_mlx.errors import DFlashError
 from dflash2_mlx.train.trainer import TRAINABLE
 
 from . import options as o
@@ -35,6 +36,12 @@ def train(
     blocks_per_seq: Annotated[int, typer.Option("--blocks-per-seq", help="Draft blocks sampled from each training sequence per step.")] = 8,
     lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW; linear warm-up, then cosine decay).")] = 6e-4,
     selector_rank: Annotated[int, typer.Option("--selector-rank", help="Rank of the DFlash 2 selector's codebooks (new drafters).")] = 256,
+    target_layers: Annotated[Optional[str], typer.Option("--target-layers", help=(
+        "Target layers the drafter reads, comma-separated (new drafters; default: one per drafter layer, "
+        "spread as the reference trainers do)."))] = None,
+    feature_store: Annotated[Optional[Path], typer.Option("--feature-store", help=(
+        "Folder that keeps the target's features of every training sequence after their first use, for "
+        "later epochs, resumed runs and other drafters on the same data (float16; can be large)."))] = None,
     regenerate: Annotated[int, typer.Option("--regenerate", help="Complete each prompt with the target (this many tokens) first.")] = 0,
     eval_every: Annotated[int, typer.Option("--eval-every", help="Held-out loss and recall every this many steps.")] = 100,
     save_every: Annotated[int, typer.Option("--save-every", help="Write a checkpoint every this many steps (the last two are kept).")] = 100,
@@ -53,7 +60,8 @@ def train(
     # Every option and the output folder are checked before any rank starts or model loads.
     config = TrainConfig(trainable=trainable, steps=steps, batch_size=batch_size, blocks_per_seq=blocks_per_seq,
                          lr=lr, eval_every=eval_every, save_every=save_every, seed=seed)
-    check_run_options(kind, layers, block_size, seq_len, selector_rank, regenerate)
+    layer_ids = _layer_list(target_layers)
+    check_run_options(kind, layers, block_size, seq_len, selector_rank, regenerate, layer_ids)
     check_out_dir(out.expanduser())
     if processes > 1 and "MLX_RANK" not in os.environ:  # not yet a rank: become N of them
         return _run_as_ranks(processes, out)
@@ -62,7 +70,8 @@ def train(
     group = mx.distributed.init()
     trainer = prepare(model, [str(p) for p in data], out, kind=kind, num_layers=layers, block_size=block_size,
                       seq_len=seq_len, init_from=init_from, regenerate_tokens=regenerate,
-                      selector_rank=selector_rank, config=config, group=group if group.size() > 1 else None)
+                      selector_rank=selector_rank, target_layer_ids=layer_ids,
+                      feature_store=str(feature_store) if feature_store else None, config=config, group=group if group.size() > 1 else None)
     lead = group.rank() == 0
     if trainer.resume() and lead:
         ui.status(trainer.resume_note)
@@ -76,6 +85,15 @@ def train(
                 progress.note(ui.eval_line(event))
             elif isinstance(event, SavedEvent):
                 progress.note(f"saved {event.path}")
+
+
+def _layer_list(text: Optional[str]) -> Optional[list[int]]:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise DFlashError(f"--target-layers '{text}' is not a comma-separated list of layer numbers, e.g. 1,15,28") from None
 
 
 def _without_processes_flag(argv: list[str]) -> list[str]:

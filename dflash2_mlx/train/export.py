@@ -5,6 +5,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
+from typing import Optional
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -14,13 +15,14 @@ from ..errors import DFlashError
 
 
 def new_drafter_config(target, kind: str, num_layers: int, block_size: int, mask_token_id: int,
-                       selector_rank: int = 256, selector_top_k: int = 16) -> dict:
+                       selector_rank: int = 256, selector_top_k: int = 16,
+                       target_layer_ids: Optional[list[int]] = None) -> dict:
     """A config.json for a fresh drafter shaped like `target` (z-lab layout, nested)."""
     args = target.args
     H = target.hidden_size
     heads = args.num_attention_heads
     head_dim = getattr(args, "head_dim", None) or H // heads
-    ids = default_target_layer_ids(target.num_layers, num_layers)
+    ids = list(target_layer_ids) if target_layer_ids else default_target_layer_ids(target.num_layers, num_layers)
     config = {
         "architectures": [DFLASH2_ARCH if kind == "dflash2" else DFLASH_ARCH],
         "model_type": "qwen3",

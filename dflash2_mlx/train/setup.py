@@ -10,11 +10,12 @@ import mlx.core as mx
 from ..engine.drafter.config import DrafterConfig
 from ..engine.drafter.model import Drafter
 from ..errors import DFlashError
-from ..engine.pair import Pair
+from ..engine.pair import Pair, fingerprint
 from ..loading.builtin import resolve_builtin
 from ..loading.checkpoints import load_drafter, load_target
 from .data import pack_sequences, read_examples, regenerate
 from .export import new_drafter_config, upgraded_config
+from .feature_store import FeatureStore
 from .outdir import check_out_dir
 from .trainer import DrafterTrainer, TrainConfig
 
@@ -52,8 +53,11 @@ def init_selector(drafter: Drafter, seed: int) -> None:
 
 
 def check_run_options(kind: str = "dflash2", num_layers: int = 1, block_size: int = 16, seq_len: int = 256,
-                      selector_rank: int = 256, regenerate_tokens: int = 0) -> None:
+                      selector_rank: int = 256, regenerate_tokens: int = 0,
+                      target_layer_ids: Optional[Sequence[int]] = None) -> None:
     """The shape options, refused before any folder is made or model loaded."""
+    if target_layer_ids is not None and (not target_layer_ids or min(target_layer_ids) < 0):
+        raise DFlashError(f"--target-layers {list(target_layer_ids)} must be layer numbers from 0, e.g. 1,15,28")
     if kind not in ("dflash", "dflash2"):
         raise DFlashError(f"--kind '{kind}' is not one of dflash, dflash2")
     for flag, value in (("--layers", num_layers), ("--selector-rank", selector_rank)):
@@ -81,10 +85,12 @@ def prepare(
     regenerate_tokens: int = 0,
     heldout_fraction: float = 0.05,
     selector_rank: int = 256,
+    target_layer_ids: Optional[Sequence[int]] = None,
+    feature_store: Optional[str] = None,
     config: TrainConfig = TrainConfig(),
     group=None,
 ) -> DrafterTrainer:
-    check_run_options(kind, num_layers, block_size, seq_len, selector_rank, regenerate_tokens)
+    check_run_options(kind, num_layers, block_size, seq_len, selector_rank, regenerate_tokens, target_layer_ids)
     out_dir = Path(out_dir).expanduser()
     check_out_dir(out_dir)  # before anything is written into it
     examples = read_examples(data)  # bad data fails before the folder is made
@@ -97,6 +103,10 @@ def prepare(
         raise DFlashError(f"cannot write to output folder '{out_dir}' ({e.strerror}): choose another --out") from None
 
     target, tokenizer = load_target(resolve_builtin(target_ref, "target"), activation_dtype=mx.float32)
+    if mx.default_device() == mx.cpu:
+        float_weights(target)
+    if target_layer_ids and max(target_layer_ids) >= target.num_layers:
+        raise DFlashError(f"--target-layers {list(target_layer_ids)}: the target has layers 0-{target.num_layers - 1}")
     if init_from:
         from ..loading.hub import resolve
         from ..loading.checkpoints import read_config
@@ -116,7 +126,8 @@ def prepare(
             drafter = upgrade_to_dflash2(source, dcfg)
     else:
         mask = find_mask_token(target, tokenizer) if mask_token_id is None else mask_token_id
-        dcfg = new_drafter_config(target, kind, num_layers, block_size, mask, selector_rank)
+        dcfg = new_drafter_config(target, kind, num_layers, block_size, mask, selector_rank,
+                                  target_layer_ids=target_layer_ids)
         mx.random.seed(config.seed)  # the initial weights are part of the run's identity
         drafter = Drafter(DrafterConfig.from_dict(dcfg), fc_in_features=len(dcfg["dflash_config"]["target_layer_ids"]) * target.hidden_size)
         if kind == "dflash2":
@@ -134,4 +145,22 @@ def prepare(
         warnings.warn("no held-out examples in --data (too few files or lines): evaluation uses "
                       "training sequences, so its numbers are not held-out")
     heldout = pack_sequences(held, tokenizer, seq_len, eos) if held else sequences[:8]
-    return DrafterTrainer(target, drafter, dcfg, sequences, heldout, config, out_dir, group)
+    trainer = DrafterTrainer(target, drafter, dcfg, sequences, heldout, config, out_dir, group)
+    if feature_store:
+        identity = fingerprint(target.model, [target.model_type])
+        ids = trainer.pair.layer_ids
+        trainer.use_feature_stores(FeatureStore(feature_store, target, ids, sequences, identity, "train"),
+                                   FeatureStore(feature_store, target, ids, heldout, identity, "heldout"))
+    return trainer
+
+
+def float_weights(target) -> None:
+    """Dequantize a quantized target in place (float32): the same function, and on a
+    CPU the float matmuls are the fast ones (SmolLM2's prefill on one core here: 8
+    tokens/s quantized, 209 in float32 through recipes/blas_shim). The target is frozen, so
+    its features are what the quantized model computes, up to rounding."""
+    from mlx_lm.utils import dequantize_model
+
+    if any(hasattr(m, "bits") for _, m in target.model.named_modules()):
+        dequantize_model(target.model)
+        target.model.set_dtype(mx.float32)

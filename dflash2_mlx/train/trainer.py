@@ -171,6 +171,7 @@ class DrafterTrainer:
             [warm],
         )
         self.optimizer = optim.AdamW(learning_rate=schedule, betas=[0.9, 0.95], weight_decay=config.weight_decay)
+        self.stores = {}  # sequences (by identity) -> FeatureStore
         self.step = 0
         self.resume_note = ""  # what resuming did, for the user (set by `resume`)
         self._grad_fn = nn.value_and_grad(drafter, self._loss)
@@ -189,13 +190,19 @@ class DrafterTrainer:
         recall = mx.mean((mx.argmax(logits, axis=-1) == labels).astype(mx.float32))
         return loss + self.config.selector_loss_weight * sel, (loss, sel, recall)
 
+    def use_feature_stores(self, train, heldout) -> None:
+        """Read the target's features from these stores (train/feature_store.py), not a new forward."""
+        self.stores = {id(self.sequences): train, id(self.heldout): heldout}
+
     def _batch(self, rows: np.ndarray, keys: list, source: np.ndarray):
         B = self.drafter.config.block_size
         tokens = mx.array(source[rows])
         seq, anchors = sample_anchors(keys, tokens.shape[1], B, self.config.blocks_per_seq)
         seq, anchors = mx.array(seq), mx.array(anchors)
         inputs, labels = make_blocks(tokens, seq, anchors, B, self.mask_id)
-        return target_features(self.target, tokens, self.pair.layer_ids), inputs, labels, seq, anchors
+        store = self.stores.get(id(source))
+        feats = store.features(rows) if store else target_features(self.target, tokens, self.pair.layer_ids)
+        return feats, inputs, labels, seq, anchors
 
     # -- steps ----------------------------------------------------------------------
     def _global_rows(self, step: int) -> np.ndarray:
