@@ -51,6 +51,8 @@ RETIME_WEIGHT = 0.5
 # Cycles before the first re-timing of a run (a cheap check of the calibration
 # at the start), and the bounds of the interval after that.
 RETIME_FIRST, RETIME_MAX = 4, 256
+# A timed cycle this far from the table (either way) times plain decoding at once.
+SUSPECT_RATIO = 1.2
 # How far plain decoding's cost relative to a cycle's must move after a losing probe before
 # re-measured costs may start the next probe early.
 EARLY_PROBE_SHIFT = 1.25
@@ -203,7 +205,7 @@ class BlockPolicy:
                 return self._plain_step(self.mode, self.plain_left)
             return Decision(self.best_block(tokens_left), Mode.PROBING)
         if self.clock is not None and self.mode is Mode.DRAFTING and (
-                self._cycles_to_retime <= 0 or (self._extended() and not self._timed["plain"])):
+                self._cycles_to_retime <= 0 or (not self._timed["plain"] and self._calibration_suspect())):
             return Decision(1, Mode.RETIMING, RETIME_STEPS - 1)
         B = self.best_block(tokens_left)
         # Hysteresis: keep drafting while it beats plain decoding at all; start
@@ -268,6 +270,17 @@ class BlockPolicy:
         """Whether the costs at this context are extended far past the calibrated ones."""
         return self._longest_measured is not None and self.context > EXTENDED * self._longest_measured
 
+    def _calibration_suspect(self) -> bool:
+        """Whether plain decoding must be timed now, not after RETIME_FIRST cycles: the costs are
+        extended far past the calibrated contexts, or a timed cycle already found the table off
+        by SUSPECT_RATIO (a calibration taken under load is off for plain steps too, by another
+        factor: a busy machine's table said drafting paid where it lost)."""
+        # The cycle that just ran counts already (it is charged when this decision is recorded).
+        timing = self._timing(self.clock())
+        spec = timing[1] if timing and timing[0] == "spec" and not self._timed["spec"] else self.scale["spec"]
+        off = (self._timed["spec"] or timing) and not (1 / SUSPECT_RATIO < spec < SUSPECT_RATIO)
+        return self._extended() or bool(off)
+
     def _new_evidence(self) -> bool:
         """Whether plain decoding's cost, relative to a cycle's, has moved by EARLY_PROBE_SHIFT
         since the last probe lost: only then may re-measured costs (or a context where drafting
@@ -290,25 +303,33 @@ class BlockPolicy:
             mode = Mode.WAITING
         return Decision(1, mode, max(plain_left - 1, 0) if mode is Mode.WAITING else 0)
 
+    def _timing(self, now: float) -> Optional[tuple[str, float]]:
+        """The kind ("plain" or "spec") and measured / calibrated ratio of the previous decision,
+        if the time since it says something."""
+        last = self._last
+        # The first plain step after a cycle is only launched, not waited for,
+        # before the next decision: its interval says nothing.
+        if last is None or not (last.block > 1 or last.previous == 1):
+            return None
+        predicted = self.costs.plain if last.block == 1 else self.costs.cycle(last.block)
+        return ("plain" if last.block == 1 else "spec"), min(max((now - last.at) / predicted, 0.25), 4.0)
+
     def _tick(self, B: int) -> None:
         """Charge the time since the previous decision to that decision."""
         if self.clock is None:
             return
         now = self.clock()
         last = self._last
-        # The first plain step after a cycle is only launched, not waited for,
-        # before the next decision: its interval says nothing.
-        if last is not None and (last.block > 1 or last.previous == 1):
-            predicted = self.costs.plain if last.block == 1 else self.costs.cycle(last.block)
-            ratio = min(max((now - last.at) / predicted, 0.25), 4.0)
-            key = "plain" if last.block == 1 else "spec"
-            # The calibration counts as one earlier measurement (none where its costs are extended
-            # far past the calibrated contexts, which can be off by several times): this run's first
-            # timings move the scale most (a 64-token answer cannot wait for a 0.1-weighted
-            # average), later ones by `cost_weight`.
+        timing = self._timing(now)
+        if timing is not None:
+            key, ratio = timing
+            # This run's first timings replace the calibration, not average with it (a table
+            # measured on a busy machine, or extended far past the calibrated contexts, can be
+            # off by several times, and a 64-token answer cannot wait for a 0.1-weighted
+            # average): the scale is the mean of this run's timings until there are
+            # 1 / `cost_weight` of them, then a moving average by `cost_weight`.
             self._timed[key] += 1
-            prior = 0 if self._extended() else 1
-            weight = max(RETIME_WEIGHT if last.retiming else self.cost_weight, 1.0 / (self._timed[key] + prior))
+            weight = max(RETIME_WEIGHT if last.retiming else self.cost_weight, 1.0 / self._timed[key])
             self.scale[key] += weight * (ratio - self.scale[key])
         self._last = _Timed(now, B, last.block if last else None, self.mode is Mode.RETIMING)
 
