@@ -51,10 +51,10 @@ def doctor(
     if max_tokens < 2:
         raise DFlashError(f"--max-tokens {max_tokens} must be at least 2 for the self-test")
     block_size = o.parse_block_size(block_size)
-    if drafter is None and model != "builtin":  # the built-in drafter fits only the built-in target
-        drafter = None
-    else:
-        drafter = drafter or "builtin"
+    if drafter is None:  # a shipped drafter fits only its own target (the built-in one, a named source)
+        from dflash2_mlx.loading.sources import shipped_drafter
+
+        drafter = "builtin" if model == "builtin" else shipped_drafter(getattr(model, "given", ""))
     sections = []
     for section in run_doctor(model, drafter, draft_quant=draft_quant,
                               block_size=None if block_size == "auto" else block_size, context=context,

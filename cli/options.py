@@ -23,7 +23,8 @@ Drafter = Annotated[
     Optional[str],
     typer.Option("--drafter", "--draft-model",
                  help="DFlash / DFlash 2 drafter: Hub repo id (org/name[@revision]), local folder, "
-                      "'builtin' (DFlash 2) or 'builtin-dflash' (default: 'builtin' with the built-in target)."),
+                      "'builtin' (DFlash 2) or 'builtin-dflash' for the built-in target, 'smollm2' or "
+                      "'smollm2-dflash' for --model smollm2 (default: the drafter shipped for the target, if any)."),
 ]
 Prompt = Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text; '-' reads stdin.",
                                                callback=_utf8("--prompt"))]
@@ -165,9 +166,10 @@ def sampling_params(temp: float, top_p: float, top_k: int, min_p: float, seed: O
 
 
 def drafter_for(model: str, drafter: Optional[str], ar: bool = False, instead: str = "--ar for plain decoding"):
-    """The drafter to load (None with --ar). The built-in drafter is the default
-    only for the built-in target: paired with any other it would only fail the
-    compatibility checks, blaming a drafter the user never chose."""
+    """The drafter to load (None with --ar). A shipped drafter is the default only for
+    the target it was trained for (the built-in target, a named source such as
+    `smollm2`): paired with any other it would only fail the compatibility checks,
+    blaming a drafter the user never chose."""
     from dflash2_mlx.errors import DFlashError
 
     if ar:
@@ -176,6 +178,11 @@ def drafter_for(model: str, drafter: Optional[str], ar: bool = False, instead: s
         return drafter
     if model == "builtin":
         return "builtin"
+    from dflash2_mlx.loading.sources import shipped_drafter
+
+    shipped = shipped_drafter(getattr(model, "given", ""))  # `--model smollm2`: its own drafter
+    if shipped:
+        return shipped
     from dflash2_mlx.loading.hub import check_reference
 
     check_reference(model, "target")  # a --model that is not there is the first thing to fix

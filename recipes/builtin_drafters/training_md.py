@@ -14,12 +14,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from dflash2_mlx.train.trainer import read_metrics  # noqa: E402
 
 
+BUILTIN_ABOUT = """Trained by `recipes/builtin_drafters/make.sh` (`dflash2 train --processes 2`: two ring ranks
+through mlx.launch, BLAS shim from recipes/blas_shim; CPU backend) against the built-in target,
+on prompts from the target's training modules completed by the target at T=1
+(`make_data.py --per-file 2`)."""
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", type=Path)
     ap.add_argument("variant")
     ap.add_argument("dest", type=Path)
     ap.add_argument("--seq-len", type=int, required=True)
+    ap.add_argument("--title", default=None, help="heading (default: 'Built-in VARIANT drafter')")
+    ap.add_argument("--about", type=Path, default=None,
+                    help="a file with the paragraph on how it was trained (default: the built-in recipe's)")
     args = ap.parse_args()
     folder = args.run / args.variant
     steps, evals = read_metrics(folder, "step"), read_metrics(folder, "eval")
@@ -29,13 +38,11 @@ def main():
     seconds = sum(tokens_per_step / r["tokens_per_s"] for r in steps)
     median_tps = sorted(r["tokens_per_s"] for r in steps)[len(steps) // 2]
     last = evals[-1]
+    about = args.about.read_text().strip() if args.about else BUILTIN_ABOUT
     lines = [
-        f"# Built-in {args.variant} drafter",
+        f"# {args.title or f'Built-in {args.variant} drafter'}",
         "",
-        "Trained by `recipes/builtin_drafters/make.sh` (`dflash2 train --processes 2`: two ring ranks",
-        "through mlx.launch, BLAS shim from recipes/blas_shim; CPU backend) against the built-in target,",
-        "on prompts from the target's training modules completed by the target at T=1",
-        "(`make_data.py --per-file 2`).",
+        about,
         "",
         f"- steps: {cfg['steps']} × {cfg['batch_size']} sequences × {args.seq_len} tokens = "
         f"{cfg['steps'] * tokens_per_step:,} training tokens",
@@ -50,7 +57,9 @@ def main():
     ]
     lines += [f"| {e['step']} | {e['loss']:.3f} | " + " | ".join(f"{x:.2f}" for x in e["recall1_by_position"][:3]) + " |"
               for e in evals]
-    lines += ["", "The seed's tables for this drafter and its siblings: docs/analysis/analysis.md.", ""]
+    if not args.about:
+        lines += ["", "The seed's tables for this drafter and its siblings: docs/analysis/analysis.md."]
+    lines.append("")
     (args.dest / "TRAINING.md").write_text("\n".join(lines))
     print(f"wrote {args.dest / 'TRAINING.md'}")
 

@@ -45,12 +45,14 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--limit", type=int, default=0, help="the first this many prompts of the shard (0: all)")
     args = ap.parse_args()
     from mlx_lm.generate import batch_generate
     from mlx_lm.sample_utils import make_sampler
 
     rows = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()]
     rows = rows[args.shard :: args.shards]
+    rows = rows[: args.limit] if args.limit else rows
     partial = args.out.with_suffix(".partial")
     done = len(partial.read_text().splitlines()) if partial.exists() else 0
     model, tokenizer = float_target(args.model)
