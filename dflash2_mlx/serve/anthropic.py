@@ -17,6 +17,7 @@ from .jobs import Delta, Failed, Finished, GenerationRequest, Job, Started
 from .render import ReasoningSplitter, conversation_ids, starts_thinking, think_tags
 from .sampling_fields import check_model, check_prompt_length, read_max_tokens, read_sampling
 from .settings import ServeSettings
+from .structured import read_output_config
 from .tools import CallArgs, CallStart, ToolCall, ToolPlan, ToolStreamer, plan_tools
 from .usage import batch_usage, cache_usage, speculative_usage
 
@@ -37,7 +38,9 @@ def parse_messages(body: dict, tokenizer, settings: ServeSettings) -> Call:
     check_prompt_length(ids, settings.max_prompt_tokens or len(ids), "messages")
     sampling = read_sampling(body, max_temperature=1.0)
     max_tokens = read_max_tokens(body, ("max_tokens",), 0, required=True)
-    request = GenerationRequest(tuple(ids), max_tokens, sampling, stop_list(body, "stop_sequences"), plan.grammar)
+    # A forced call is the call; with auto, the model's calls or the format's JSON (plan.turn_grammar).
+    grammar = plan.turn_grammar(read_output_config(body), "output_config.format")
+    request = GenerationRequest(tuple(ids), max_tokens, sampling, stop_list(body, "stop_sequences"), grammar)
     start, end = think_tags(tokenizer)
     return Call(request, get(body, "stream", bool, False), (start, end, starts_thinking(text, start, end)), plan,
                 get(body, "model", str))

@@ -87,11 +87,9 @@ def _call(body: dict, ids: list, settings: ServeSettings, chat: bool, think: tup
     # No --max-prompt-tokens: only the model's context bounds it (EngineService.submit).
     check_prompt_length(ids, settings.max_prompt_tokens or len(ids), "messages" if chat else "prompt")
     stop = stop_list(body, "stop", limit=4)
-    grammar = read_response_format(body)
-    if grammar is not None and tools.grammar is not None:
-        raise ApiError(400, "'response_format' and a forced tool call both constrain the answer: send one of them",
-                       "response_format")
-    request = GenerationRequest(tuple(ids), max_tokens, sampling, stop, grammar or tools.grammar, logits, top)
+    # A forced call is the call; with auto, the model's calls or the format's JSON (tools.turn_grammar).
+    grammar = tools.turn_grammar(read_response_format(body), "response_format")
+    request = GenerationRequest(tuple(ids), max_tokens, sampling, stop, grammar, logits, top)
     return Call(request, chat, stream, include_usage, think, tools, get(body, "model", str))
 
 

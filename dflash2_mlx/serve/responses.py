@@ -79,13 +79,12 @@ def parse(body: dict, tokenizer, settings: ServeSettings, store: ResponseStore) 
     ids, text = conversation_ids(tokenizer, messages, tools=list(plan.tools) or None,
                                  template_kwargs=settings.template_kwargs)
     check_prompt_length(ids, settings.max_prompt_tokens or len(ids), "input")
-    grammar = read_response_format(get(body, "text", dict, {}), "format")
-    if grammar is not None and plan.grammar is not None:
-        raise ApiError(400, "'text.format' and a forced tool call both constrain the answer: send one", "text.format")
+    # A forced call is the call; with auto, the model's calls or the format's JSON (plan.turn_grammar).
+    grammar = plan.turn_grammar(read_response_format(get(body, "text", dict, {}), "format"), "text.format")
     top = get(body, "top_logprobs", int)
     check_range("top_logprobs", top, 0, 20)
     request = GenerationRequest(tuple(ids), read_max_tokens(body, ("max_output_tokens",), settings.default_max_tokens),
-                                read_sampling(body, max_temperature=2.0), (), grammar or plan.grammar,
+                                read_sampling(body, max_temperature=2.0), (), grammar,
                                 read_logits(body), top)
     start, end = think_tags(tokenizer)
     return Call(body, request, messages, plan, (start, end, starts_thinking(text, start, end)))

@@ -25,15 +25,27 @@ _LARK_PLACE = re.compile(r"^at \d+\(\d+\): (failed to compile JSON schema: )?")
 
 def forced_call_grammar(tools: list, start: str, end: str, several: bool) -> Grammar:
     """The tags around {"name": NAME, "arguments": {...}} for one of `tools` (or several calls)."""
+    return Grammar("lark", f"start: call{'+' if several else ''}\n" + _call_rules(tools, start, end))
+
+
+def call_or_answer_grammar(tools: list, start: str, end: str, several: bool, answer: Grammar) -> Grammar:
+    """Either the calls `forced_call_grammar` admits or the JSON `answer` (a json_schema or
+    json_object grammar: a response format) — tool_choice auto beside a response format."""
+    schema = json.loads(answer.source) if answer.kind == "json_schema" else {"type": "object"}
+    if "x-guidance" not in schema:
+        schema = {**schema, "x-guidance": JSON_LAYOUT}
+    lark = (f"start: call{'+' if several else ''} | answer\n" + _call_rules(tools, start, end)
+            + f"answer: %json {json.dumps(schema)}\n")
+    return Grammar("lark", lark)
+
+
+def _call_rules(tools: list, start: str, end: str) -> str:
     bodies = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                "properties": {"name": {"const": t["function"]["name"]},
                               "arguments": t["function"].get("parameters") or {"type": "object"}}}
               for t in tools]
     schema = {**(bodies[0] if len(bodies) == 1 else {"anyOf": bodies}), "x-guidance": JSON_LAYOUT}
-    repeat = "+" if several else ""
-    lark = (f"start: call{repeat}\ncall: {json.dumps(start)} body {json.dumps(end)}\n"
-            f"body: %json {json.dumps(schema)}\n")
-    return Grammar("lark", lark)
+    return f"call: {json.dumps(start)} body {json.dumps(end)}\nbody: %json {json.dumps(schema)}\n"
 
 
 def call_tags(tokenizer) -> tuple[Optional[str], Optional[str]]:

@@ -10,6 +10,11 @@ valid under the tools' parameter schemas, decoded inside speculation like any
 structured output. That needs a format whose call body is JSON (mlx-lm's
 json_tools: Qwen 2.5 / 3, the built-in pair); others answer forced calls with
 a 422 that says so.
+
+A response format beside tools follows OpenAI's rule (`ToolPlan.turn_grammar`):
+a forced call is the call, and the format waits for the next text answer; with
+tool_choice auto the turn's grammar admits either the model's calls or the
+format's JSON.
 """
 
 import json
@@ -22,7 +27,7 @@ from ..engine.grammar import Grammar
 from .errors import ApiError
 from .render import partial_suffix
 from .structured import checked
-from .tool_schemas import JSON_BODY_PARSERS, check_tool_schemas, forced_call_grammar
+from .tool_schemas import JSON_BODY_PARSERS, call_or_answer_grammar, check_tool_schemas, forced_call_grammar
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,19 @@ class ToolPlan:
     start: Optional[str] = None
     end: Optional[str] = None
     parser: Optional[object] = field(default=None, compare=False)
+    several: bool = True  # parallel calls allowed
+
+    def turn_grammar(self, answer: Optional[Grammar], param: str) -> Optional[Grammar]:
+        """The grammar of the whole turn beside a response format's `answer` (`param`: its field,
+        for a 400): a forced call is the call; with auto, a model whose calls are JSON may write
+        either its calls or the format's JSON; a model whose call format is not JSON answers in
+        the format (its calls cannot be a grammar)."""
+        if self.grammar is not None or answer is None:
+            return self.grammar
+        if not (self.parse and self.start and getattr(self.parser, "__module__", "") in JSON_BODY_PARSERS):
+            return answer
+        both = call_or_answer_grammar(list(self.tools), self.start, self.end, self.several, answer)
+        return checked(both, param)
 
     def split(self, text: str) -> tuple[str, list[ToolCall]]:
         """(the text outside calls, the calls) of a whole answer."""
@@ -93,7 +111,7 @@ def plan_tools(tokenizer, tools: list, choice, parallel: bool = True, schema_fie
                            "tool_choice")
         chosen = [t for t in tools if choice == "required" or t["function"]["name"] == choice]
         grammar = checked(forced_call_grammar(chosen, start, end, parallel and choice == "required"), "tools")
-    return ToolPlan(tuple(tools), True, grammar, start, end, parser)
+    return ToolPlan(tuple(tools), True, grammar, start, end, parser, parallel)
 
 
 @dataclass(frozen=True)
