@@ -1,9 +1,12 @@
-"""Response formats beside tools (issue 39, item 1), through the official clients.
+"""Response formats beside tools, and tool calls cut by max_tokens (issue 39, items 1 and 5),
+through the official clients.
 
 One real server on the built-in pair. A forced call with a response format is the call (the format
 waits for the next text answer), not a 400; with tool_choice auto the turn's grammar admits the
 model's calls or the format's JSON (a logit bias against the first token of one branch makes the
-toy model take the other); Anthropic's `output_config.format` constrains the text or is a 400.
+toy model take the other); Anthropic's `output_config.format` constrains the text or is a 400. A
+call cut by max_tokens keeps the arguments the stream sent (chat, Anthropic, Responses alike), a cut
+before them leaks no call markup into the text, and a cut Responses item says `incomplete`.
 Forced calls are deterministic at T = 0: the grammar writes the tags, the name and the keys.
 """
 
@@ -164,3 +167,89 @@ def test_anthropic_output_config_shapes_not_read_are_400(server, config, param):
     with pytest.raises(anthropic.BadRequestError) as e:
         ant(server).messages.create(model="m", max_tokens=8, messages=ASK, extra_body={"output_config": config})
     assert f"'{param}'" in e.value.message or param in e.value.message
+
+
+# -- 5: tool calls cut by max_tokens ----------------------------------------------------
+
+
+def test_chat_cut_call_keeps_the_arguments_the_stream_sent(server):
+    kwargs = dict(model="m", messages=ASK, tools=CHAT_TOOLS, tool_choice="required", max_tokens=IN_ARGUMENTS,
+                  temperature=0)
+    _, streamed, finish = streamed_chat(oai(server), **kwargs)
+    assert finish == "length" and streamed.startswith('{"city":"') and streamed.endswith('"unit":"'), streamed
+    r = oai(server).chat.completions.create(**kwargs)
+    assert r.choices[0].finish_reason == "length" and r.choices[0].message.content is None
+    assert [c.function.arguments for c in r.choices[0].message.tool_calls] == [streamed]
+
+
+@pytest.mark.parametrize("max_tokens", IN_HEAD, ids=["in-tag", "in-name"])
+def test_chat_cut_before_the_arguments_leaks_no_markup(server, max_tokens):
+    kwargs = dict(model="m", messages=ASK, tools=CHAT_TOOLS, tool_choice="required", max_tokens=max_tokens,
+                  temperature=0)
+    content, arguments, finish = streamed_chat(oai(server), **kwargs)
+    r = oai(server).chat.completions.create(**kwargs)
+    assert (content, arguments, finish) == ("", "", "length")
+    assert not r.choices[0].message.content and r.choices[0].finish_reason == "length"
+
+
+def test_anthropic_cut_call_input_is_the_streamed_input(server):
+    kwargs = dict(model="m", max_tokens=IN_ARGUMENTS, messages=ASK, tools=ANTHROPIC_TOOLS,
+                  tool_choice={"type": "any"}, extra_body={"temperature": 0})
+    with ant(server).messages.stream(**kwargs) as s:
+        streamed = s.get_final_message()
+    whole = ant(server).messages.create(**kwargs)
+    assert whole.stop_reason == streamed.stop_reason == "max_tokens"
+    assert [(b.type, b.name, b.input) for b in whole.content] == [(b.type, b.name, b.input) for b in streamed.content]
+    assert list(whole.content[0].input) == ["city"]  # the member written whole; "unit" was cut
+
+
+@pytest.mark.parametrize("max_tokens", IN_HEAD, ids=["in-tag", "in-name"])
+def test_anthropic_cut_before_the_arguments_leaks_no_markup(server, max_tokens):
+    kwargs = dict(model="m", max_tokens=max_tokens, messages=ASK, tools=ANTHROPIC_TOOLS,
+                  tool_choice={"type": "any"}, extra_body={"temperature": 0})
+    with ant(server).messages.stream(**kwargs) as s:
+        streamed = s.get_final_message()
+    whole = ant(server).messages.create(**kwargs)
+    assert [(b.type, b.text) for b in whole.content] == [(b.type, b.text) for b in streamed.content] == [("text", "")]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_responses_cut_call_is_an_incomplete_item_with_its_arguments(server, stream):
+    kwargs = dict(model="m", input="What is the weather in Paris?", tools=RESPONSES_TOOLS, tool_choice="required",
+                  max_output_tokens=IN_ARGUMENTS, temperature=0)
+    deltas = ""
+    if stream:
+        events = list(oai(server).responses.create(stream=True, **kwargs))
+        deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+        r = events[-1].response
+    else:
+        r = oai(server).responses.create(**kwargs)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    [item] = r.output
+    assert item.type == "function_call" and item.status == "incomplete"
+    assert item.arguments.startswith('{"city":"') and item.arguments.endswith('"unit":"'), item.arguments
+    assert not stream or deltas == item.arguments
+
+
+@pytest.mark.parametrize("tools", [dict(tools=RESPONSES_TOOLS, tool_choice="required"), dict()],
+                         ids=["cut-in-call-name", "cut-text"])
+def test_responses_cut_message_is_incomplete(server, tools):
+    kwargs = dict(model="m", input="What is the weather in Paris?", max_output_tokens=IN_HEAD[1], temperature=0,
+                  **tools)
+    whole = oai(server).responses.create(**kwargs)
+    streamed = [e.response for e in oai(server).responses.create(stream=True, **kwargs)
+                if e.type == "response.incomplete"][0]
+    for r in (whole, streamed):
+        assert r.status == "incomplete" and [(o.type, o.status) for o in r.output] == [("message", "incomplete")]
+        assert "<tool" not in r.output_text
+
+
+@pytest.mark.parametrize("text", ['{"city":"Par', '{"city":"Paris","unit":"cel', '{"a":12', '{"a":tr', '{"a":[1,{"b":null},',
+                                  '{"a":{"b":', '{"a":"x\\"}', '{"a":1.', '{"a":true', '{"a"', ''])
+def test_a_cut_input_reads_as_the_anthropic_sdk_reads_the_stream(text):
+    from jiter import from_json  # the anthropic SDK's stream accumulator (partial mode)
+
+    from dflash2_mlx.serve.tools import ToolCall
+
+    want = from_json(text.encode(), partial_mode=True) if text else {}
+    assert ToolCall("call_x", "f", text, complete=False).input == want

@@ -203,7 +203,7 @@ class Answer:
         blocks = []
         if reasoning + r2:
             blocks.append({"type": "thinking", "thinking": reasoning + r2, "signature": ""})
-        content, calls = self.call.tools.split(content + c2)
+        content, calls = self.call.tools.split(content + c2, cut=fin.finish_reason == "length")
         if content or not calls:
             blocks.append({"type": "text", "text": content})
         blocks += [_tool_use(c) for c in calls]
@@ -249,9 +249,9 @@ class Answer:
                 out += arguments(piece.arguments) + [event("content_block_stop", {"index": index})]
             return out
 
-        def deltas(reasoning, content, final=False):
+        def deltas(reasoning, content, final=False, cut=False):
             out = []
-            pieces = [content] if tool_stream is None else tool_stream.feed(content) + (tool_stream.flush() if final else [])
+            pieces = [content] if tool_stream is None else tool_stream.feed(content) + (tool_stream.flush(cut) if final else [])
             for new_kind, text in [("thinking", reasoning)] + [("text", p) for p in pieces]:
                 if isinstance(text, (CallStart, CallArgs, ToolCall)):
                     out += tool_use(text)
@@ -276,7 +276,7 @@ class Answer:
                 for chunk in deltas(*self.splitter.feed(ev.text)):
                     yield chunk
             elif isinstance(ev, Finished):
-                for chunk in deltas(*self.splitter.flush(), final=True):
+                for chunk in deltas(*self.splitter.flush(), final=True, cut=ev.finish_reason == "length"):
                     yield chunk
                 if not texted and not called:  # an empty answer: one empty text block, as `whole`
                     for chunk in open_block("text"):

@@ -248,7 +248,7 @@ class Answer:
         if self.call.chat:
             reasoning, content = self.splitter.feed(text)
             r2, c2 = self.splitter.flush()
-            content, calls = self.call.tools.split(content + c2)
+            content, calls = self.call.tools.split(content + c2, cut=fin.finish_reason == "length")
             message = {"role": "assistant", "content": content if content or not calls else None}
             if reasoning + r2:
                 message["reasoning_content"] = reasoning + r2
@@ -313,7 +313,7 @@ class Answer:
             body["dflash"] = {"from_draft": self.from_draft}
         return sse(body)
 
-    def text_chunks(self, text: str, final: bool = False) -> list[str]:
+    def text_chunks(self, text: str, final: bool = False, cut: bool = False) -> list[str]:
         if not self.call.chat:
             return [self.chunk(text=text)] if text else []
         reasoning, content = self.splitter.feed(text)
@@ -325,7 +325,7 @@ class Answer:
             out.append(self.chunk({"reasoning_content": reasoning}))
         pieces = [content] if self.tool_stream is None else self.tool_stream.feed(content)
         if final and self.tool_stream is not None:
-            pieces += self.tool_stream.flush()
+            pieces += self.tool_stream.flush(cut)
         for piece in pieces:
             if isinstance(piece, str):
                 if piece:
@@ -366,7 +366,7 @@ async def stream(job: Job, answer: Answer) -> AsyncIterator[str]:
                 yield chunk
             answer.from_draft = None
         elif isinstance(event, Finished):
-            for chunk in answer.text_chunks("", final=True):
+            for chunk in answer.text_chunks("", final=True, cut=event.finish_reason == "length"):
                 yield chunk
             yield answer.chunk({}, finish=answer.finish_reason(event))
             if answer.call.include_usage:

@@ -181,13 +181,15 @@ class Answer:
     def whole(self, text: str, fin: Finished, store: ResponseStore, deltas: list = ()) -> dict:
         reasoning, content = self.splitter.feed(text)
         r2, c2 = self.splitter.flush()
-        content, calls = self.call.plan.split(content + c2)
+        content, calls = self.call.plan.split(content + c2, cut=fin.finish_reason == "length")
         output = ([_reasoning_item(reasoning + r2)] if reasoning + r2 else [])
         if content or not calls:
             output.append(_message_item(content))
             if self.call.request.top_logprobs is not None:
                 output[-1]["content"][0]["logprobs"] = logprob_entries(self.tokenizer, deltas)
         output += [_call_item(c) for c in calls]
+        if fin.finish_reason == "length" and output[-1]["type"] == "message":
+            output[-1]["status"] = "incomplete"  # its text was cut (a cut call says so itself)
         response = self._object("completed", output, fin)
         self.keep(response, content, calls, store)
         return response
@@ -215,13 +217,15 @@ class Answer:
         yield self.event("response.created", {"response": self._object("in_progress", [], None)})
         yield self.event("response.in_progress", {"response": self._object("in_progress", [], None)})
 
-        def close_text():
+        def close_text(cut=False):
             nonlocal text_item
             if text_item is None:
                 return []
             index, item = text_item
             text = "".join(content)
             item["content"][0]["text"] = text
+            if cut:  # still open at the end of a length-cut answer: its text was cut
+                item["status"] = "incomplete"
             text_item = None
             ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
             return [self.event("response.output_text.done", {**ids, "text": text}),
@@ -246,41 +250,44 @@ class Answer:
             if isinstance(piece, CallArgs) and piece.text:
                 out.append(self.event("response.function_call_arguments.delta", {**ids, "delta": piece.text}))
             elif isinstance(piece, ToolCall):
-                item["arguments"] = piece.arguments
+                item["arguments"], item["status"] = piece.arguments, _status(piece)
                 calls.append(piece)
                 out.append(self.event("response.function_call_arguments.done", {**ids, "arguments": piece.arguments}))
                 out.append(self.event("response.output_item.done", {"output_index": index, "item": item}))
             return out
 
-        def pieces_out(pieces):
+        def open_text():
             nonlocal text_item
+            item, index = _message_item(""), len(output)
+            output.append(item)
+            text_item = (index, item)
+            return [self.event("response.output_item.added", {"output_index": index, "item": {
+                        **item, "status": "in_progress", "content": []}}),
+                    self.event("response.content_part.added", {
+                        "item_id": item["id"], "output_index": index, "content_index": 0,
+                        "part": {"type": "output_text", "text": "", "annotations": []}})]
+
+        def pieces_out(pieces):
             out = []
             for piece in pieces:
                 if isinstance(piece, (CallStart, CallArgs, ToolCall)):
                     out += call_events(piece)
                 elif piece:
                     if text_item is None:
-                        item, index = _message_item(""), len(output)
-                        output.append(item)
-                        text_item = (index, item)
-                        out.append(self.event("response.output_item.added", {"output_index": index, "item": {
-                            **item, "status": "in_progress", "content": []}}))
-                        out.append(self.event("response.content_part.added", {
-                            "item_id": item["id"], "output_index": index, "content_index": 0,
-                            "part": {"type": "output_text", "text": "", "annotations": []}}))
+                        out += open_text()
                     content.append(piece)
                     out.append(self.event("response.output_text.delta", {"item_id": text_item[1]["id"],
                                                                          "output_index": text_item[0],
                                                                          "content_index": 0, "delta": piece}))
             return out
 
-        def feed(text, final=False):
+        def feed(text, final=False, cut=False):
             r, c = self.splitter.feed(text)
             if final:
                 r2, c2 = self.splitter.flush()
                 r, c = r + r2, c + c2
             reasoning.append(r)
-            pieces = [c] if tools is None else tools.feed(c) + (tools.flush() if final else [])
+            pieces = [c] if tools is None else tools.feed(c) + (tools.flush(cut) if final else [])
             return pieces_out(pieces)
 
         async for ev in job.events():
@@ -288,7 +295,11 @@ class Answer:
                 for chunk in feed(ev.text):
                     yield chunk
             elif isinstance(ev, Finished):
-                for chunk in feed("", final=True) + close_text():
+                cut = ev.finish_reason == "length"
+                last = feed("", final=True, cut=cut)
+                if not output:  # an empty answer: one empty message, as `whole` has
+                    last += open_text()
+                for chunk in last + close_text(cut):
                     yield chunk
                 thought = "".join(reasoning)
                 final = ([_reasoning_item(thought)] if thought else []) + output
@@ -310,7 +321,11 @@ def _message_item(text: str) -> dict:
 
 def _call_item(call: ToolCall) -> dict:
     return {"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}", "call_id": call.id, "name": call.name,
-            "arguments": call.arguments, "status": "completed"}
+            "arguments": call.arguments, "status": _status(call)}
+
+
+def _status(call: ToolCall) -> str:
+    return "completed" if call.complete else "incomplete"
 
 
 def _reasoning_item(text: str) -> dict:

@@ -25,6 +25,7 @@ from typing import Optional
 
 from ..engine.grammar import Grammar
 from .errors import ApiError
+from .partial_json import partial_object
 from .render import partial_suffix
 from .structured import checked
 from .tool_schemas import JSON_BODY_PARSERS, call_or_answer_grammar, check_tool_schemas, forced_call_grammar
@@ -35,13 +36,16 @@ class ToolCall:
     id: str
     name: str
     arguments: str  # a JSON object's text, as both protocols send it
+    complete: bool = True  # False: the answer ended inside the call (its arguments as far as written)
 
     @property
     def input(self) -> dict:
+        """The arguments as an object; a cut call's as far as they parse (as the anthropic SDK
+        reads the streamed input_json_delta pieces: complete members only)."""
         try:
             value = json.loads(self.arguments)
         except json.JSONDecodeError:
-            return {}
+            value = partial_object(self.arguments)
         return value if isinstance(value, dict) else {}
 
 
@@ -69,12 +73,12 @@ class ToolPlan:
         both = call_or_answer_grammar(list(self.tools), self.start, self.end, self.several, answer)
         return checked(both, param)
 
-    def split(self, text: str) -> tuple[str, list[ToolCall]]:
-        """(the text outside calls, the calls) of a whole answer."""
+    def split(self, text: str, cut: bool = False) -> tuple[str, list[ToolCall]]:
+        """(the text outside calls, the calls) of a whole answer (`cut`: by max_tokens)."""
         if not self.parse or not self.start:
             return text, []
         streamer = ToolStreamer(self)
-        pieces = streamer.feed(text) + streamer.flush()
+        pieces = streamer.feed(text) + streamer.flush(cut)
         content = "".join(p for p in pieces if isinstance(p, str))
         return content, [p for p in pieces if isinstance(p, ToolCall)]
 
@@ -175,14 +179,16 @@ class ToolStreamer:
         self._held = held
         return out
 
-    def flush(self) -> list:
-        """The end of the answer: an unclosed call is parsed if it can be, else kept as text."""
+    def flush(self, cut: bool = False) -> list:
+        """The end of the answer: an unclosed call is parsed if it can be; one cut before its
+        arguments is dropped, as is the start of a call tag that ends an answer cut by max_tokens
+        (`cut`); the stream sent neither, since both were held back."""
         held, self._held = self._held, ""
         if not held and not self._open:
             return []
-        if self._inside:
-            return self._call(held, closed=False)
-        return [held]
+        if self._inside:  # a partial closing tag is not the arguments
+            return self._call(held[: len(held) - partial_suffix(held, self.plan.end)], closed=False)
+        return [] if cut else [held]
 
     def _progress(self, body: str) -> list:
         """What an open call's body so far lets stream: its head, then its arguments, less
@@ -216,11 +222,15 @@ class ToolStreamer:
         calls = [c for c in (parsed if isinstance(parsed, list) else [parsed]) if isinstance(c, dict) and c.get("name")]
         raw = _raw_arguments(body) if self._streams else None
         if opened is not None:  # its head went out: finish it, whatever the parser says
-            arguments = raw if raw is not None else (_arguments_text(calls[0].get("arguments")) if calls else "")
+            cut = not closed and raw is None and not calls
+            if cut:  # the answer ended inside it: its arguments as far as they were written
+                arguments = body[_HEAD.match(body).end():]
+            else:
+                arguments = raw if raw is not None else (_arguments_text(calls[0].get("arguments")) if calls else "")
             rest = [CallArgs(opened.id, arguments[self._sent:])] if arguments[self._sent:] else []
-            return rest + [ToolCall(opened.id, opened.name, arguments)]
-        if not calls:
-            return [self.plan.start + body + (self.plan.end if closed else "")]
+            return rest + [ToolCall(opened.id, opened.name, arguments, complete=not cut)]
+        if not calls:  # a malformed call stays text; an unfinished one (cut in its head) is dropped
+            return [self.plan.start + body + self.plan.end] if closed else []
         return [ToolCall(f"call_{uuid.uuid4().hex[:24]}", str(c["name"]),
                          raw if raw is not None and len(calls) == 1 else _arguments_text(c.get("arguments")))
                 for c in calls]
