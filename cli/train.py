@@ -42,6 +42,9 @@ def train(
     feature_store: Annotated[Optional[Path], typer.Option("--feature-store", help=(
         "Folder that keeps the target's features of every training sequence after their first use, for "
         "later epochs, resumed runs and other drafters on the same data (float16; can be large)."))] = None,
+    mask_token_id: Annotated[Optional[int], typer.Option("--mask-token-id", help=(
+        "Token id the drafter's masked block positions read (new drafters; default: a spare embedding "
+        "row, else a special token the model never writes)."))] = None,
     regenerate: Annotated[int, typer.Option("--regenerate", help="Complete each prompt with the target (this many tokens) first.")] = 0,
     eval_every: Annotated[int, typer.Option("--eval-every", help="Held-out loss and recall every this many steps.")] = 100,
     save_every: Annotated[int, typer.Option("--save-every", help="Write a checkpoint every this many steps (the last two are kept).")] = 100,
@@ -70,7 +73,7 @@ def train(
     group = mx.distributed.init()
     trainer = prepare(model, [str(p) for p in data], out, kind=kind, num_layers=layers, block_size=block_size,
                       seq_len=seq_len, init_from=init_from, regenerate_tokens=regenerate,
-                      selector_rank=selector_rank, target_layer_ids=layer_ids,
+                      selector_rank=selector_rank, target_layer_ids=layer_ids, mask_token_id=mask_token_id,
                       feature_store=str(feature_store) if feature_store else None, config=config, group=group if group.size() > 1 else None)
     lead = group.rank() == 0
     if trainer.resume() and lead:

@@ -5,8 +5,10 @@ trains against."""
 
 import mlx.core as mx
 import numpy as np
+import pytest
 from mlx.utils import tree_flatten
 
+from dflash2_mlx.errors import DFlashError
 from dflash2_mlx.train.forward import target_features
 from dflash2_mlx.train.setup import float_weights, prepare
 from dflash2_mlx.train.trainer import TrainConfig
@@ -73,3 +75,37 @@ def test_a_quantized_target_trains_against_its_own_float_weights():
     assert all(p.dtype == mx.float32 for _, p in tree_flatten(target.model.parameters()))
     after = target_features(target, tokens, [1, 2])
     assert np.allclose(np.array(before), np.array(after), rtol=1e-4, atol=1e-4)
+
+
+class Added:
+    def __init__(self, content, special=True):
+        self.content, self.special = content, special
+
+    def __str__(self):
+        return self.content
+
+
+class FullVocabTokenizer:
+    """SmolLM2's case: every embedding row is a token; specials frame turns or are unused."""
+
+    chat_template = "{{'<|im_start|>' + m['content'] + '<|im_end|>'}}"
+    bos_token_id, eos_token_id, pad_token_id, unk_token_id = 1, 2, 2, 0
+    added_tokens_decoder = {0: Added("<|endoftext|>"), 1: Added("<|im_start|>"), 2: Added("<|im_end|>"),
+                            3: Added("<repo_name>"), 16: Added("<empty_output>"), 17: Added("!", special=False)}
+
+    def get_vocab(self):
+        return {f"t{i}": i for i in range(64)}
+
+
+class FullTarget:
+    embedding_rows = 64
+
+
+def test_a_target_without_a_spare_row_masks_with_an_unused_special_token():
+    from dflash2_mlx.train.setup import find_mask_token
+
+    assert find_mask_token(FullTarget(), FullVocabTokenizer()) == 16
+    tok = FullVocabTokenizer()
+    tok.added_tokens_decoder = {i: t for i, t in tok.added_tokens_decoder.items() if i < 3}
+    with pytest.raises(DFlashError, match="--mask-token-id"):
+        find_mask_token(FullTarget(), tok)

@@ -27,7 +27,17 @@ def find_mask_token(target, tokenizer) -> int:
         return vocab["<|mask|>"]
     if target.embedding_rows > len(vocab):
         return len(vocab)  # first row past the tokenizer, as Qwen3 drafters use
-    raise DFlashError("the target has no spare embedding row for a mask token: pass --mask-token-id")
+    # No spare row (SmolLM2: 49,152 rows, all tokens): a special token that neither ends nor
+    # frames a turn, so the model never writes it in an answer (SmolLM2: <empty_output>).
+    template = getattr(tokenizer, "chat_template", None) or ""
+    framing = {getattr(tokenizer, a, None) for a in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")}
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    spare = [i for i, tok in added.items() if getattr(tok, "special", False) and i not in framing
+             and i < target.embedding_rows and str(tok) not in template]
+    if spare:
+        return max(spare)
+    raise DFlashError("the target has no spare embedding row or unused special token for a mask token: "
+                      "pass --mask-token-id")
 
 
 def is_heldout(name: str, fraction: float) -> bool:
