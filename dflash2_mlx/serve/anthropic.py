@@ -14,10 +14,11 @@ from typing import AsyncIterator, Optional
 from .errors import ApiError
 from .fields import get, stop_list
 from .jobs import Delta, Failed, Finished, GenerationRequest, Job, Started
-from .render import ReasoningSplitter, conversation_ids, starts_thinking, think_tags
+from .render import ReasoningSplitter, starts_thinking, think_tags
 from .sampling_fields import check_model, check_prompt_length, read_max_tokens, read_sampling
 from .settings import ServeSettings
 from .structured import read_output_config
+from .tool_prompt import render_with_tools
 from .tools import CallArgs, CallStart, ToolCall, ToolPlan, ToolStreamer, plan_tools
 from .usage import batch_usage, cache_usage, speculative_usage
 
@@ -86,7 +87,7 @@ def conversation(body: dict, tokenizer, settings: ServeSettings, plan: ToolPlan)
                            f"{where}.role")
         messages += _turn(role, m.get("content"), f"{where}.content")
     kwargs = {**settings.template_kwargs, **_thinking_kwargs(body)}
-    return conversation_ids(tokenizer, messages, tools=list(plan.tools) or None, template_kwargs=kwargs)
+    return render_with_tools(tokenizer, messages, plan.tools, kwargs)
 
 
 def _thinking_kwargs(body: dict) -> dict:

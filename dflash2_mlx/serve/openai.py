@@ -16,11 +16,12 @@ from .errors import ApiError
 from .fields import get, stop_list
 from .jobs import Delta, Failed, Finished, GenerationRequest, Job, Started
 from .logprobs import logprob_entries
-from .render import ReasoningSplitter, conversation_ids, partial_suffix, starts_thinking, think_tags
+from .render import ReasoningSplitter, partial_suffix, starts_thinking, think_tags
 from .fields import check_range
 from .sampling_fields import check_model, check_prompt_length, read_logits, read_max_tokens, read_sampling
 from .settings import ServeSettings
 from .structured import read_response_format
+from .tool_prompt import render_with_tools
 from .tools import CallArgs, ToolCall, ToolPlan, ToolStreamer, plan_tools
 from .usage import batch_usage, cache_usage, speculative_usage
 
@@ -45,7 +46,7 @@ def parse_chat(body: dict, tokenizer, settings: ServeSettings) -> Call:
     plan = plan_tools(tokenizer, read_tools(body), read_tool_choice(body),
                       get(body, "parallel_tool_calls", bool, True))
     kwargs = {**settings.template_kwargs, **get(body, "chat_template_kwargs", dict, {})}
-    ids, text = conversation_ids(tokenizer, messages, tools=list(plan.tools) or None, template_kwargs=kwargs)
+    ids, text = render_with_tools(tokenizer, messages, plan.tools, kwargs)
     start, end = think_tags(tokenizer)
     return _call(body, ids, settings, chat=True, think=(start, end, starts_thinking(text, start, end)), tools=plan)
 

@@ -21,11 +21,12 @@ from .fields import get
 from .jobs import Delta, Failed, Finished, GenerationRequest, Job
 from .logprobs import logprob_entries
 from .openai import read_message, read_tool_call
-from .render import ReasoningSplitter, conversation_ids, starts_thinking, think_tags
+from .render import ReasoningSplitter, starts_thinking, think_tags
 from .fields import check_range
 from .sampling_fields import check_model, check_prompt_length, read_logits, read_max_tokens, read_sampling
 from .settings import ServeSettings
 from .structured import read_response_format
+from .tool_prompt import render_with_tools
 from .tools import CallArgs, CallStart, ToolCall, ToolPlan, ToolStreamer, plan_tools
 from .usage import batch_usage, cache_usage, speculative_usage
 
@@ -76,8 +77,7 @@ def parse(body: dict, tokenizer, settings: ServeSettings, store: ResponseStore) 
     if not any(m["role"] != "system" for m in messages):
         raise ApiError(400, "'input' is empty: send a string or at least one input item", "input")
     plan = plan_tools(tokenizer, _tools(body), _tool_choice(body), get(body, "parallel_tool_calls", bool, True))
-    ids, text = conversation_ids(tokenizer, messages, tools=list(plan.tools) or None,
-                                 template_kwargs=settings.template_kwargs)
+    ids, text = render_with_tools(tokenizer, messages, plan.tools, settings.template_kwargs)
     check_prompt_length(ids, settings.max_prompt_tokens or len(ids), "input")
     # A forced call is the call; with auto, the model's calls or the format's JSON (plan.turn_grammar).
     grammar = plan.turn_grammar(read_response_format(get(body, "text", dict, {}), "format"), "text.format")

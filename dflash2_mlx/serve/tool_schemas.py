@@ -17,6 +17,7 @@ from ..engine.grammar import JSON_LAYOUT, Grammar
 from ..errors import DFlashError
 from .errors import ApiError
 from .fields import json_type
+from .tool_prompt import END, START, prompts_tools
 
 JSON_BODY_PARSERS = ("mlx_lm.tool_parsers.json_tools",)
 # Where in the forced call's Lark text llguidance met the schema: not the client's concern.
@@ -52,6 +53,8 @@ def call_tags(tokenizer) -> tuple[Optional[str], Optional[str]]:
     """The tags a forced call sits between, when this model's calls have a JSON body; else (None, None)."""
     parser = getattr(tokenizer, "tool_parser", None)
     start, end = getattr(tokenizer, "tool_call_start", None), getattr(tokenizer, "tool_call_end", None)
+    if prompts_tools(tokenizer):  # no tool format: the one this server prompts for (tool_prompt.py)
+        return START, END
     if not start or getattr(parser, "__module__", "") not in JSON_BODY_PARSERS:
         return None, None
     return start, end

@@ -9,7 +9,9 @@ named function, Anthropic "any" or "tool") is a grammar: the tags around JSON
 valid under the tools' parameter schemas, decoded inside speculation like any
 structured output. That needs a format whose call body is JSON (mlx-lm's
 json_tools: Qwen 2.5 / 3, the built-in pair); others answer forced calls with
-a 422 that says so.
+a 422 that says so. A template with no tool format at all (SmolLM2's ChatML)
+gets the tools as text in its system message and json_tools as its format
+(tool_prompt.py).
 
 A response format beside tools follows OpenAI's rule (`ToolPlan.turn_grammar`):
 a forced call is the call, and the format waits for the next text answer; with
@@ -28,6 +30,7 @@ from .errors import ApiError
 from .partial_json import partial_object
 from .render import partial_suffix
 from .structured import checked
+from . import tool_prompt
 from .tool_schemas import JSON_BODY_PARSERS, call_or_answer_grammar, check_tool_schemas, forced_call_grammar
 
 
@@ -102,11 +105,13 @@ def plan_tools(tokenizer, tools: list, choice, parallel: bool = True, schema_fie
                        "tool_choice")
     start, end = getattr(tokenizer, "tool_call_start", None), getattr(tokenizer, "tool_call_end", None)
     parser = getattr(tokenizer, "tool_parser", None)
+    if tool_prompt.prompts_tools(tokenizer):  # no tool format: the tools go in as text, calls as json_tools
+        start, end, parser = tool_prompt.START, tool_prompt.END, tool_prompt.PARSER
     if not start or parser is None:
         if choice in (None, "auto"):
             return ToolPlan(tuple(tools))  # rendered for the model; its output stays text
-        raise ApiError(422, "this model's chat template has no tool-call format mlx-lm knows, so a call "
-                            "cannot be forced: use tool_choice 'auto' or 'none'", "tool_choice")
+        raise ApiError(422, "this model's chat template renders tools in a format mlx-lm does not know, so a "
+                            "call cannot be forced: use tool_choice 'auto' or 'none'", "tool_choice")
     grammar = None
     if choice not in (None, "auto"):
         if getattr(parser, "__module__", "") not in JSON_BODY_PARSERS:
