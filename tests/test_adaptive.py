@@ -260,13 +260,19 @@ def test_the_first_timed_cycles_correct_a_calibration_that_is_far_off():
     decide(policy, 63)
     assert policy.scale["spec"] == pytest.approx(3.0)
     # A 64-token answer loses little to it.
-    rates = []
-    for seed in range(10):
-        clock = Clock()
-        policy = BlockPolicy(calibrated, 16, AcceptanceEstimate(15, seed=[0.58, 0.45, 0.3]), clock=clock)
-        seconds, _ = run_timed(policy, clock, actual, alphas, 64, seed=seed)
-        rates.append(64 * actual.plain / seconds)
+    rates = rates_against_plain(calibrated, actual, alphas, [0.58, 0.45, 0.3])
     assert sum(rates) / len(rates) >= 0.94
+
+
+def rates_against_plain(calibrated, actual, alphas, seed_alphas, tokens=64, seeds=10):
+    """Per seed, a fresh policy's rate on a `tokens`-token answer relative to plain decoding."""
+    rates = []
+    for seed in range(seeds):
+        clock = Clock()
+        policy = BlockPolicy(calibrated, 16, AcceptanceEstimate(15, seed=seed_alphas), clock=clock)
+        seconds, _ = run_timed(policy, clock, actual, alphas, tokens, seed=seed)
+        rates.append(tokens * actual.plain / seconds)
+    return rates
 
 
 def test_a_calibration_taken_on_a_busy_machine_is_replaced_within_a_few_cycles():
@@ -283,12 +289,7 @@ def test_a_calibration_taken_on_a_busy_machine_is_replaced_within_a_few_cycles()
     assert policy.scale["plain"] == pytest.approx(0.5)  # and each plain step 1/2: replaced, not averaged
     # One cycle found the table off: plain decoding was timed at once, and drafting stopped.
     assert blocks[0] > 1 and blocks[1:] == [1] * (len(blocks) - 1), blocks
-    rates = []
-    for seed in range(10):
-        clock = Clock()
-        policy = BlockPolicy(busy, 16, AcceptanceEstimate(15, seed=[0.6, 0.4, 0.25]), clock=clock)
-        seconds, _ = run_timed(policy, clock, actual, alphas, 64, seed=seed)
-        rates.append(64 * actual.plain / seconds)
+    rates = rates_against_plain(busy, actual, alphas, [0.6, 0.4, 0.25])
     # What is left is that first cycle and one later probe, on a 64-token answer.
     assert sum(rates) / len(rates) >= 0.95 and min(rates) >= 0.94, rates
 
