@@ -1,7 +1,8 @@
 """τ of the SmolLM2 drafters on held-out requests: DFlash 2 against the DFlash baseline.
 
-    python benchmarks/real_pair_tau.py run --drafter dflash2_mlx/builtin/smollm2-dflash2 --part OUT-a.json
-    python benchmarks/real_pair_tau.py run --drafter dflash2_mlx/builtin/smollm2-dflash --part OUT-b.json
+    eval "$(bash recipes/blas_shim/build.sh)"   # float matmuls through OpenBLAS: τ, not timing
+    python benchmarks/real_pair_tau.py run --drafter smollm2 --part OUT-a.json &
+    python benchmarks/real_pair_tau.py run --drafter smollm2-dflash --part OUT-b.json; wait
     python benchmarks/real_pair_tau.py merge OUT-a.json OUT-b.json --out docs/results/smollm2-tau-cpu
 
 Prompts: the recipe's held-out requests (recipes/smollm2_drafters/prompts.py:
@@ -60,7 +61,9 @@ def greedy(pair, ids, max_tokens):
 
 
 def run(args):
-    pair, tokenizer = load_pair(str(args.model), str(args.drafter), activation_dtype=mx.float32)
+    from cli.model_source import model_folder  # a named source or .gguf, fetched/converted as --model does
+
+    pair, tokenizer = load_pair(str(model_folder(args.model)), args.drafter, activation_dtype=mx.float32)
     float_weights(pair.target)
     prompts = heldout_prompts(tokenizer, args.per_family)
     ar = [greedy(pair, p["ids"], args.max_tokens) for p in prompts]
@@ -78,7 +81,7 @@ def run(args):
                             "by_family": {f: summarize([r for r in runs if r["family"] == f])["tau_mean_over_prompts"]
                                           for f in dict.fromkeys(p["family"] for p in prompts)},
                             "runs": [{k: r[k] for k in ("family", "tau", "passes", "committed")} for r in runs]})
-            print(f"{args.drafter.name} T={T:g} {method} {rows}: τ {results[-1]['tau_mean_over_prompts']:.3f}", flush=True)
+            print(f"{args.drafter} T={T:g} {method} {rows}: τ {results[-1]['tau_mean_over_prompts']:.3f}", flush=True)
     first = prompts[: args.greedy_prompts]
     for method, rows in [("chain", b) for b in args.greedy_blocks] + [("tree", t) for t in args.greedy_trees]:
         runs = [decode(pair, p["ids"], rows=rows, tree=method == "tree", temperature=0.0, seed=0,
@@ -151,11 +154,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
-    r.add_argument("--model", type=Path, required=True, help="the converted SmolLM2 folder")
-    r.add_argument("--drafter", type=Path, required=True)
+    r.add_argument("--model", default="smollm2", help="the target, as --model takes it")
+    r.add_argument("--drafter", required=True, help="a drafter folder or shipped name (smollm2, smollm2-dflash)")
     r.add_argument("--part", type=Path, required=True)
-    r.add_argument("--per-family", type=int, default=8)
-    r.add_argument("--max-tokens", type=int, default=96)
+    r.add_argument("--per-family", type=int, default=7)
+    r.add_argument("--max-tokens", type=int, default=64)
     r.add_argument("--greedy-prompts", type=int, default=3)
     r.add_argument("--greedy-blocks", type=int, nargs="*", default=[2, 3, 4, 6, 12])
     r.add_argument("--greedy-trees", type=int, nargs="*", default=[16])
