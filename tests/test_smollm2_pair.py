@@ -65,10 +65,12 @@ def test_greedy_speculation_on_the_real_pair_is_plain_greedy_decoding(pair):
 
     pair, tokenizer = pair
     ids = ids_of(tokenizer, "Write a Python function that reverses a string.")
-    want = [s.tokens[0] for s in autoregressive_generate_step(ids, pair.without_drafter(), max_tokens=20)]
-    for kw in (dict(block_size=2), dict(block_size=8), dict(block_size=16), dict(tree_rows=8), dict(tree_rows=16)):
-        steps = list(speculative_generate_step(ids, pair, max_tokens=20, **kw))
-        assert [t for s in steps for t in s.tokens][:20] == want, kw
+    # (Every block size 2-16 and trees of 8 and 16, on 21 held-out prompts and the float target:
+    # benchmarks/real_pair_tau.py, docs/results/smollm2-tau-cpu.json. Here the shipped Q4_1 target.)
+    want = [s.tokens[0] for s in autoregressive_generate_step(ids, pair.without_drafter(), max_tokens=14)]
+    for kw in (dict(block_size=2), dict(block_size=16), dict(tree_rows=8)):
+        steps = list(speculative_generate_step(ids, pair, max_tokens=14, **kw))
+        assert [t for s in steps for t in s.tokens][:14] == want, kw
         # The drafter is real: some cycle commits drafted tokens (else this checks plain decoding).
         assert max(len(s.tokens) for s in steps[1:]) > 1, kw
 
@@ -82,17 +84,17 @@ def test_a_batch_of_four_and_a_json_schema_on_the_real_pair(pair):
     pair, tokenizer = pair
     prompts = [ids_of(tokenizer, q) for q in ("What is 12 + 30?", "What is the capital of France?",
                                               "Give me three facts about the Moon.", "Write a haiku about rain.")]
-    want = [[s.tokens[0] for s in autoregressive_generate_step(p, pair.without_drafter(), max_tokens=12)]
+    want = [[s.tokens[0] for s in autoregressive_generate_step(p, pair.without_drafter(), max_tokens=8)]
             for p in prompts]
     decoder = BatchDecoder(pair, max_batch=4)
-    seqs = [decoder.add(p, SequenceSettings(max_tokens=12, block_size=6)) for p in prompts]
+    seqs = [decoder.add(p, SequenceSettings(max_tokens=8, block_size=6)) for p in prompts]
     got, widest = {id(s): [] for s in seqs}, 0
     while any(not s.finished for s in seqs):
         for seq, step in decoder.step():
             got[id(seq)].extend(step.tokens)
         widest = max(widest, decoder.last_pass[0])
     assert widest == 4  # the four shared passes
-    assert [got[id(s)][:12] for s in seqs] == want
+    assert [got[id(s)][:8] for s in seqs] == want
     # Under a JSON schema: the same tokens as plain decoding under it.
     schema = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
               "required": ["city", "country"]}
@@ -100,7 +102,7 @@ def test_a_batch_of_four_and_a_json_schema_on_the_real_pair(pair):
 
     def constrained(p, **kw):
         state = GrammarState(Grammar.json_schema(schema), tokenizer, p.target.vocab_size)
-        return [t for s in generate_step(mx.array(ids), p, max_tokens=16, grammar=state, **kw) for t in s.tokens]
+        return [t for s in generate_step(mx.array(ids), p, max_tokens=10, grammar=state, **kw) for t in s.tokens]
 
     plain = constrained(pair.without_drafter())
     assert tokenizer.decode(plain).lstrip().startswith("{")
