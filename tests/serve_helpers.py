@@ -68,6 +68,17 @@ class Server:
         return self.proc.returncode, self.output()
 
 
+def serving(*args: str, tmp, forbidden=("Traceback",)):
+    """A module fixture's body: yield a `Server`, then stop it and require a clean exit with
+    none of `forbidden` in its log."""
+    s = Server(*args, tmp=tmp)
+    try:
+        yield s
+    finally:
+        code, log = s.stop()
+        assert code == 0 and not any(f in log for f in forbidden), log[-3000:]
+
+
 def oai(s: Server, key: str = "unused"):
     """The official OpenAI client for `s`: no retries, so every status the server answers is seen."""
     import openai

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from cli_process import Sandbox, catching, first_output
-from serve_helpers import Server
+from serve_helpers import Server, serving
 
 TERMINATED = 143
 
@@ -226,12 +226,7 @@ MESSAGES = [{"role": "user", "content": "Write a story about a cat."}]
 @pytest.fixture(scope="module")
 def one_slot(tmp_path_factory):
     """A server that runs one request and queues none."""
-    s = Server("--max-queue", "0", "--max-batch", "1", tmp=tmp_path_factory.mktemp("serve-one-slot"))
-    try:
-        yield s
-    finally:
-        code, log = s.stop()
-        assert code == 0 and "Traceback" not in log, log
+    yield from serving("--max-queue", "0", "--max-batch", "1", tmp=tmp_path_factory.mktemp("serve-one-slot"))
 
 
 def test_queue_full_says_when_to_retry(one_slot):

@@ -17,7 +17,7 @@ import openai
 import numpy as np
 import pytest
 
-from serve_helpers import Server, ant, oai
+from serve_helpers import ant, oai, serving
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
                                            "days": {"type": "integer", "minimum": 1, "maximum": 30},
@@ -29,12 +29,7 @@ PROMPTS = ["Plan a trip.", "config = ", "def trip():\n    return "]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("agents")
-    s = Server("--block-size", "8", "--served-model-name", "dflash2-builtin", "--served-model-name", "fast", tmp=tmp)
-    try:
-        yield s
-    finally:
-        code, log = s.stop()
-        assert code == 0 and "Traceback" not in log, log
+    yield from serving("--block-size", "8", "--served-model-name", "dflash2-builtin", "--served-model-name", "fast", tmp=tmp)
 
 
 def json_schema_format(schema):

@@ -19,7 +19,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 import dflash2_mlx
-from serve_helpers import Server, ant, oai
+from serve_helpers import ant, oai, serving
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
                                             "unit": {"enum": ["celsius", "fahrenheit"]}},
@@ -56,12 +56,7 @@ NO_JSON, NO_CALL = first_tokens("{"), first_tokens("<")  # each branch of the au
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = Server("--block-size", "8", tmp=tmp_path_factory.mktemp("formats"))
-    try:
-        yield s
-    finally:
-        code, log = s.stop()
-        assert code == 0 and "Traceback" not in log, log
+    yield from serving("--block-size", "8", tmp=tmp_path_factory.mktemp("formats"))
 
 
 def streamed_chat(client, **kwargs) -> tuple[str, str, str]:

@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 
 import dflash2_mlx
-from serve_helpers import Server, ant, oai
+from serve_helpers import ant, oai, serving
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -49,12 +49,7 @@ def plain_target(folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("plain")
-    s = Server("--model", str(plain_target(tmp / "target")), "--drafter", "builtin", "--block-size", "8", tmp=tmp)
-    try:
-        yield s
-    finally:
-        code, log = s.stop()
-        assert code == 0 and "Traceback" not in log, log
+    yield from serving("--model", str(plain_target(tmp / "target")), "--drafter", "builtin", "--block-size", "8", tmp=tmp)
 
 
 def valid(name: str, arguments) -> dict:

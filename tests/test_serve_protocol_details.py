@@ -14,7 +14,7 @@ import anthropic
 import openai
 import pytest
 
-from serve_helpers import Server, ant, oai
+from serve_helpers import Server, ant, oai, serving
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
            "required": ["city"], "additionalProperties": False}
@@ -26,12 +26,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = Server("--block-size", "8", "--served-model-name", "dflash2-builtin", tmp=tmp_path_factory.mktemp("details"))
-    try:
-        yield s
-    finally:
-        code, log = s.stop()
-        assert code == 0 and "Traceback" not in log, log
+    yield from serving("--block-size", "8", "--served-model-name", "dflash2-builtin", tmp=tmp_path_factory.mktemp("details"))
 
 
 # -- 3: a forced tool choice needs tools -----------------------------------------------

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from faulty_serve import FAULT_TOKEN, KILL, RAISE
 from serve_bodies import RANDOM, RAW, SHAPED, VOCAB
-from serve_helpers import Server
+from serve_helpers import Server, serving
 
 from dflash2_mlx.serve.sampling_fields import COUNT_MAX, SEED_MAX
 
@@ -36,12 +36,7 @@ VALID = {"prompt": "def add(a, b):", "max_tokens": 3, "temperature": 0}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     # --max-tokens 4: a fuzzed body that sets no max_tokens still answers at once
-    s = Server("--max-tokens", "4", tmp=tmp_path_factory.mktemp("robust"))
-    try:
-        yield s
-    finally:
-        code, log = s.stop()
-        assert code == 0 and "Traceback" not in log and "internal error" not in log, log[-3000:]
+    yield from serving("--max-tokens", "4", tmp=tmp_path_factory.mktemp("robust"), forbidden=("Traceback", "internal error"))
 
 
 def answers(s: Server) -> None:
