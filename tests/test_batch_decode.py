@@ -270,3 +270,46 @@ def test_the_default_batch_is_what_the_caches_fit_in_a_quarter_of_the_memory():
     assert default_max_batch(pair, memory=4 * one * 3) == 3
     assert default_max_batch(pair, memory=one) == 1  # never below one request
     assert default_max_batch(pair, memory=1 << 50) == DEFAULT_MOST
+
+
+def test_the_batch_policy_is_told_one_pass_time_per_pass_when_passes_run_ahead(monkeypatch):
+    """A plain cycle that launches the next pass early (ahead.py) computes two passes (on the
+    CPU the launch evaluates both), and the cycle that then runs that pass computes none. A
+    clock that advances one pass's time per target pass built gives exactly that pattern:
+    every time the policy is told must be one pass's. (Told the cycles' times as they came,
+    it learned that plain passes cost twice what they do, and drafted where plain decoding
+    was cheaper: `dflash2 serve` auto ran at 0.77x `--ar`.)"""
+    import types
+
+    import dflash2_mlx.engine.batch.ahead as ahead_module
+    import dflash2_mlx.engine.batch.decoder as decoder_module
+    from dflash2_mlx.engine.adaptive.acceptance import AcceptanceEstimate
+    from dflash2_mlx.engine.adaptive.batch_policy import BatchCosts, BatchPolicy
+    from dflash2_mlx.engine.adaptive.policy import BlockPolicy
+
+    now, PASS = [0.0], 10 * MS
+    real_pass = decoder_module.target_pass
+
+    def timed_pass(pair, groups):
+        now[0] += PASS
+        return real_pass(pair, groups)
+
+    monkeypatch.setattr(decoder_module, "target_pass", timed_pass)
+    monkeypatch.setattr(ahead_module, "target_pass", timed_pass)
+    monkeypatch.setattr(decoder_module, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    costs = BatchCosts({R: PASS for R in _ROWS}, {2: 100 * MS, 16: 800 * MS})  # drafting never pays
+    policy, told = BatchPolicy(costs, clock=lambda: now[0]), []
+    monkeypatch.setattr(policy, "observe_pass", lambda rows, drafted, seconds=None: told.append(seconds))
+    pair = _pair("qwen3")
+    decoder, B = BatchDecoder(pair, max_batch=8, policy=policy), pair.max_block_size
+    seqs = [decoder.add(r["prompt"], SequenceSettings(
+        max_tokens=r["max_tokens"], batch_decides=True, prefill_step_size=STEP,
+        policy=BlockPolicy(_SOLO, B, AcceptanceEstimate(B - 1, [0.1])))) for r in _requests(pair.target.vocab_size)[:4]]
+    launched = []
+    real_launch = ahead_module.LookAhead.launch
+    monkeypatch.setattr(ahead_module.LookAhead, "launch",
+                        classmethod(lambda cls, *a: launched.append(1) or real_launch.__func__(cls, *a)))
+    while any(not s.finished for s in seqs):
+        decoder.step()
+    assert len(launched) > 10, "no look-ahead ran: the test checks nothing"
+    assert len(told) > 20 and all(t == pytest.approx(PASS) for t in told), sorted(set(round(t / MS, 3) for t in told))

@@ -63,6 +63,7 @@ class BatchDecoder:
         self.last_pass: tuple[int, int] = (0, 0)  # (sequences, rows) of the latest pass
         self.last_blocks: list[int] = []  # each sequence's block in it (1: a plain row)
         self._ahead: Optional[LookAhead] = None  # the next all-plain pass, launched early
+        self._untimed = 0.0  # seconds of cycles that computed no pass, added to the next pass's time
 
     # -- joining and leaving ------------------------------------------------------------
     def add(self, prompt, settings: SequenceSettings = SequenceSettings(),
@@ -139,11 +140,29 @@ class BatchDecoder:
                 outcome = self._outcome(s, d, (p[0][0], None if p[1] is None else p[1][:1], g[0]),
                                         fetched.pop(0))
             steps.append(s.commit(outcome, plain=d is None, decided=decided))
-        if chosen:  # what the cycle the policy chose took: it corrects its costs by it
-            drafted_rows = sum(b for b in blocks if b > 1)
-            self.policy.observe_pass(self.last_pass[1], drafted_rows, time.perf_counter() - tic)
+        self._time_pass(chosen, blocks, time.perf_counter() - tic, from_ahead=ahead is not None and bool(ahead.seqs),
+                        launched=self._ahead is not None)
         self.last_blocks = blocks
         return steps, seqs
+
+    def _time_pass(self, chosen: bool, blocks: list[int], seconds: float, from_ahead: bool, launched: bool) -> None:
+        """Tell the batch policy what one pass took, when it chose this cycle's blocks.
+
+        A cycle's seconds are not always its own pass's: one that launches the next
+        pass computes it too (on the CPU the launch evaluates both, and a GPU's
+        look-ahead runs under this cycle's host work), and one that runs a pass
+        launched earlier computes nothing of its own. Timed as they come, a
+        plain pass looked twice as slow as it is every other cycle (and the
+        policy drafted where plain decoding was cheaper): so the cycle's seconds
+        are split over the passes it computed, and a cycle that computed none
+        adds its seconds to the next."""
+        computed = (0 if from_ahead else 1) + (1 if launched else 0)
+        if computed == 0:
+            self._untimed += seconds
+            return
+        seconds, self._untimed = (seconds + self._untimed) / computed, 0.0
+        if chosen:
+            self.policy.observe_pass(self.last_pass[1], sum(b for b in blocks if b > 1), seconds)
 
     def _look_ahead(self, seqs: list[BatchSequence], blocks: list[int], picks: list) -> bool:
         """After an all-plain cycle, decide the next one now (as the single-sequence loop
