@@ -108,7 +108,7 @@ def bench(
            for p in chosen]
     calibrations = [o.block_plan(p, "auto", ids[0][1], max_tokens, recalibrate)[1] if "auto" in sizes else None
                     for p in pairs]
-    with ui.RunProgress(enabled=ui.err_console.is_terminal) as progress:
+    with ui.RunProgress() as progress:
         record = run_bench(target, tokenizer, ids, pairs=pairs, calibrations=calibrations, draft_model=ar_draft,
                            block_sizes=sizes, tree_rows=trees,
                            repeats=repeats, max_tokens=max_tokens, sampling=sampling, on_run=progress.update)

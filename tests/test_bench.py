@@ -38,6 +38,8 @@ def test_all_modes_and_a_block_size_sweep(cli, ar_draft, tmp_path):
         "--block-sizes", "2,4", "--repeats", 1, "--max-prompts", 1, "-m", 12,
         "--json", out_json, "--markdown", out_md))
     assert code == 0, err
+    # Off a terminal (a log, a pipe) progress is plain lines: the first run and the last at least.
+    assert "bench [0/24] code #0" in err and "bench [24/24] done" in err, err
     record = json.loads(out_json.read_text())
     assert record["kind"] == "dflash2-bench" and record["machine"]["backend"] == "cpu"
     assert record["command"].startswith("dflash2 bench --model ") and "commit" in record  # as typed

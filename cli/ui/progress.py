@@ -7,7 +7,7 @@ import time
 
 from .style import err_console, status
 
-PLAIN_EVERY_S = 10.0  # analyze off a terminal: a line per measurement, within a long one at most this often
+PLAIN_EVERY_S = 10.0  # off a terminal: analyze's line per measurement (within one) and bench's, at most this often
 
 
 class BarProgress:
@@ -64,16 +64,22 @@ def eval_line(event) -> str:
 
 class RunProgress(BarProgress):
     """Bench's bar, redrawn only when told (between runs), so no refresh thread
-    competes with the measurement."""
+    competes with the measurement; off a terminal a plain line between runs at
+    most every PLAIN_EVERY_S (a bench of a real model on a CPU runs for minutes)."""
 
-    def __init__(self, enabled: bool = True):
-        super().__init__("bench", enabled=enabled, auto_refresh=False)
+    def __init__(self):
+        super().__init__("bench", enabled=err_console.is_terminal, auto_refresh=False)
+        self._printed = None
 
     def update(self, done: int, total: int, info: str) -> None:
-        if not self.enabled:
+        if self.enabled:
+            self.set(done, total, info)
+            self._progress.refresh()
             return
-        self.set(done, total, info)
-        self._progress.refresh()
+        now = time.monotonic()
+        if self._printed is None or now - self._printed >= PLAIN_EVERY_S or done == total:
+            self._printed = now
+            status(f"bench [{done}/{total}] {info}")
 
 
 class AnalyzeProgress(BarProgress):
