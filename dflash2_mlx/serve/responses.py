@@ -228,7 +228,7 @@ class Answer:
                 item["status"] = "incomplete"
             text_item = None
             ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
-            return [self.event("response.output_text.done", {**ids, "text": text}),
+            return [self.event("response.output_text.done", {**ids, "text": text, "logprobs": []}),
                     self.event("response.content_part.done", {**ids, "part": item["content"][0]}),
                     self.event("response.output_item.done", {"output_index": index, "item": item})]
 
@@ -252,7 +252,8 @@ class Answer:
             elif isinstance(piece, ToolCall):
                 item["arguments"], item["status"] = piece.arguments, _status(piece)
                 calls.append(piece)
-                out.append(self.event("response.function_call_arguments.done", {**ids, "arguments": piece.arguments}))
+                out.append(self.event("response.function_call_arguments.done", {**ids, "name": piece.name,
+                                                                                 "arguments": piece.arguments}))
                 out.append(self.event("response.output_item.done", {"output_index": index, "item": item}))
             return out
 
@@ -278,7 +279,8 @@ class Answer:
                     content.append(piece)
                     out.append(self.event("response.output_text.delta", {"item_id": text_item[1]["id"],
                                                                          "output_index": text_item[0],
-                                                                         "content_index": 0, "delta": piece}))
+                                                                         "content_index": 0, "delta": piece,
+                                                                         "logprobs": []}))
             return out
 
         def feed(text, final=False, cut=False):
@@ -334,7 +336,9 @@ def _reasoning_item(text: str) -> dict:
 
 
 def _usage(fin: Finished) -> dict:
-    return {"input_tokens": fin.prompt_tokens, "input_tokens_details": {"cached_tokens": fin.cached_tokens},
+    # cache_write_tokens 0, as Anthropic's cache_creation_input_tokens (the SDK's type requires it).
+    return {"input_tokens": fin.prompt_tokens, "input_tokens_details": {"cached_tokens": fin.cached_tokens,
+                                                                        "cache_write_tokens": 0},
             "output_tokens": fin.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": fin.prompt_tokens + fin.completion_tokens, "dflash2": speculative_usage(fin.stats),
             "dflash2_prompt_cache": cache_usage(fin.cached_tokens, fin.cached_disk),
