@@ -81,7 +81,9 @@ GOOD = {
     "/v1/messages": ({"messages": ANTHROPIC_MESSAGES, "max_tokens": SMALL}, {
         **SAMPLING, "temperature": st.floats(0, 1), "system": WORDS | TEXT_BLOCKS, "stop_sequences": st.lists(WORDS, max_size=3),
         "tools": ANTHROPIC_TOOLS, "tool_choice": st.sampled_from([{"type": "auto"}, {"type": "any"}, {"type": "none"}]),
-        "thinking": st.fixed_dictionaries({"type": st.sampled_from(["enabled", "disabled"])})}),
+        "thinking": st.fixed_dictionaries({"type": st.sampled_from(["enabled", "disabled"])}),
+        "output_config": st.fixed_dictionaries({"format": st.fixed_dictionaries(
+            {"type": st.just("json_schema"), "schema": GOOD_SCHEMAS})})}),
     "/v1/messages/count_tokens": ({"messages": ANTHROPIC_MESSAGES}, {"system": WORDS, "tools": ANTHROPIC_TOOLS}),
     "/v1/dflash/race": ({"prompt": WORDS, "max_tokens": SMALL}, {
         "temperature": st.floats(0, 2), "seed": st.integers(0, 2**64 - 1)}),
@@ -132,6 +134,9 @@ ANYTHING = {
     "parallel_tool_calls": JSON, "response_format": ANY_FORMAT, "text": st.fixed_dictionaries({"format": ANY_FORMAT}),
     "chat_template_kwargs": st.dictionaries(st.sampled_from(["enable_thinking", "x"]), JSON, max_size=2) | JSON,
     "thinking": JSON, "previous_response_id": TEXT | JSON, "store": JSON, "metadata": JSON,
+    "output_config": st.fixed_dictionaries({}, optional={"format": ANY_FORMAT | st.fixed_dictionaries(
+        {"type": st.just("json_schema"), "schema": GOOD_SCHEMAS | BAD_SCHEMAS}), "effort": TEXT | JSON}) | JSON,
+    "output_format": ANY_FORMAT | JSON,
 }
 FIELD_NAMES = sorted(ANYTHING)
 COUNTS = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
