@@ -290,9 +290,9 @@ def test_the_batch_policy_is_told_one_pass_time_per_pass_when_passes_run_ahead(m
     now, PASS = [0.0], 10 * MS
     real_pass = decoder_module.target_pass
 
-    def timed_pass(pair, groups, *run):
+    def timed_pass(pair, groups):
         now[0] += PASS
-        return real_pass(pair, groups, *run)
+        return real_pass(pair, groups)
 
     monkeypatch.setattr(decoder_module, "target_pass", timed_pass)
     monkeypatch.setattr(ahead_module, "target_pass", timed_pass)

@@ -33,7 +33,6 @@ from ..tree.verify import tree_views
 from ..decode.loop import decide
 from .ahead import LookAhead
 from .passes import batch_blocker, draft_pass, target_pass
-from .plain_run import PlainRun
 from .sequence import BatchSequence, SequenceSettings
 
 __all__ = ["BatchDecoder", "BatchSequence", "SequenceFailed", "SequenceSettings", "batch_blocker"]
@@ -64,7 +63,6 @@ class BatchDecoder:
         self.last_pass: tuple[int, int] = (0, 0)  # (sequences, rows) of the latest pass
         self.last_blocks: list[int] = []  # each sequence's block in it (1: a plain row)
         self._ahead: Optional[LookAhead] = None  # the next all-plain pass, launched early
-        self._run = PlainRun()  # the batches one look-ahead pass keeps for the next (plain_run.py)
         self._untimed = 0.0  # seconds of cycles that computed no pass, added to the next pass's time
 
     # -- joining and leaving ------------------------------------------------------------
@@ -83,7 +81,6 @@ class BatchDecoder:
         """Take `seq` out (finished, stopped by its caller or cancelled); its caches stay at rest."""
         if seq in self.sequences:
             self.sequences.remove(seq)
-        self._run.clear()
         if self._ahead is not None:
             self._ahead.drop(seq)
         seq.close()
@@ -120,7 +117,6 @@ class BatchDecoder:
             drafts, passes, picks = [None] * len(seqs), ahead.passes, ahead.picks
             groups = [(None, s.cache.target) for s in seqs]
         else:
-            self._run.clear()
             blocks, chosen = self._blocks(seqs)
             keys = [s.next_keys(b > 1) for s, b in zip(seqs, blocks)]
             drafts = self._draft(seqs, blocks, keys)
@@ -181,7 +177,7 @@ class BatchDecoder:
         nxt, chosen = self._blocks(seqs, context_ahead=1)
         if any(b != 1 for b in nxt):
             return True
-        self._ahead = LookAhead.launch(self.pair, seqs, [p[0] for p in picks], chosen, self._run)
+        self._ahead = LookAhead.launch(self.pair, seqs, [p[0] for p in picks], chosen)
         return True
 
     def _blocks(self, seqs: list[BatchSequence], context_ahead: int = 0) -> tuple[list[int], bool]:

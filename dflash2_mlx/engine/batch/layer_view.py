@@ -19,19 +19,14 @@ Rejected rows are therefore *removed*, never masked: after the pass each
 sequence rolls its own cache back exactly as it would alone (trim, or the
 sliding ring's room), so nothing a later pass reads depends on the batch it
 ran in, and joining or leaving is adding or dropping a list entry. The cost is
-one gather of the batch's keys per layer per pass (docs/batching.md): a
-`KVCache`'s buffer is gathered as it is, its columns past its rows masked off.
+one gather of the batch's keys per layer per pass (docs/batching.md).
 """
 
 from typing import Optional, Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache
 
-from ..kv_buckets import BucketedKVCache, bucket
-
-# Caches whose `update_and_fetch` hands back the first rows of their buffer.
-PREFIX_CACHES = (KVCache, BucketedKVCache)
+from ..kv_buckets import bucket
 
 
 class BatchLayerView:
@@ -42,27 +37,23 @@ class BatchLayerView:
     batch row each (one row of their own, then padding): a tree is verified in the
     same pass as it would be alone, as a batch of its nodes."""
 
-    def __init__(self, members: Sequence, lengths: Sequence[int], offset: Optional[mx.array] = None):
+    def __init__(self, members: Sequence, lengths: Sequence[int]):
         self.members, self.lengths = list(members), list(lengths)
         self.rows = [_batch_rows(m) for m in self.members]
-        # The offsets before this layer's write: one array the pass's layers share
-        # (a sequence's layers hold the same rows), rebuilt only after the write.
-        self._offset = offset
 
     @property
     def offset(self) -> mx.array:
-        if self._offset is None:
-            return batch_offset(self.members)
-        return self._offset
+        return mx.concatenate([m.offset.reshape(-1) if isinstance(m.offset, mx.array) else mx.array([m.offset])
+                               for m in self.members])
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
-        self._offset, fetched, at = None, [], 0
+        ks, vs, at = [], [], 0
         for m, n, rows in zip(self.members, self.lengths, self.rows):
-            fetched.append(m.update_and_fetch(keys[at : at + rows, :, :n], values[at : at + rows, :, :n]))
+            k, v = m.update_and_fetch(keys[at : at + rows, :, :n], values[at : at + rows, :, :n])
+            ks.append(k)
+            vs.append(v)
             at += rows
-        width = padded_width(max(k.shape[2] for k, _ in fetched))
-        fetched = [_buffer_prefix(m, k, v, width) for m, (k, v) in zip(self.members, fetched)]
-        return stack_right_padded([k for k, _ in fetched], width), stack_right_padded([v for _, v in fetched], width)
+        return stack_right_padded(ks), stack_right_padded(vs)
 
     def make_mask(self, N: int, return_array: bool = False, window_size: Optional[int] = None) -> mx.array:
         masks = [_own_mask(m, n, window_size) for m, n in zip(self.members, self.lengths)]  # [rows, n, keys]
@@ -102,29 +93,9 @@ def padded_width(keys: int) -> int:
     return bucket(keys)
 
 
-def batch_offset(members: Sequence) -> mx.array:
-    """The members' offsets as one vector (a tree's: one per node)."""
-    if not any(isinstance(m.offset, mx.array) for m in members):
-        return mx.array([m.offset for m in members])
-    return mx.concatenate([m.offset.reshape(-1) if isinstance(m.offset, mx.array) else mx.array([m.offset])
-                           for m in members])
-
-
-def _buffer_prefix(member, keys: mx.array, values: mx.array, width: int) -> tuple:
-    """`member`'s keys and values `width` columns wide without a copy where its buffer
-    holds that many (a `KVCache` hands back its buffer's first `offset` rows): the
-    columns past its rows are masked off (make_mask), so their stale rows weigh an exact
-    zero, as zero padding does (kv_buckets.py). Otherwise as they are (padded later)."""
-    if keys.shape[2] >= width or type(member) not in PREFIX_CACHES:
-        return keys, values
-    if member.keys is None or member.keys.shape[2] < width:
-        return keys, values
-    return member.keys[..., :width, :], member.values[..., :width, :]
-
-
-def stack_right_padded(arrays: list, width: Optional[int] = None) -> mx.array:
-    """[1, H, n_i, D] arrays -> [N, H, width, D] (default padded_width(max n_i)), zeros after each one's own rows."""
-    width = width or padded_width(max(a.shape[2] for a in arrays))
+def stack_right_padded(arrays: list) -> mx.array:
+    """[1, H, n_i, D] arrays -> [N, H, padded_width(max n_i), D], zeros after each one's own rows."""
+    width = padded_width(max(a.shape[2] for a in arrays))
     padded = [a if a.shape[2] == width else mx.pad(a, [(0, 0), (0, 0), (0, width - a.shape[2]), (0, 0)])
               for a in arrays]
     return mx.concatenate(padded, axis=0)

@@ -16,8 +16,7 @@ from ..pair import Pair
 from ..kv_buckets import BucketedKVCache
 from ..target.caches import WindowKVCache
 from .draft_view import BatchDraftContext
-from .layer_view import BatchLayerView, batch_offset
-from .plain_run import PlainRun
+from .layer_view import BatchLayerView
 
 # Target cache kinds a batched pass knows how to view (layer_view.py).
 _BATCHABLE = (KVCache, BucketedKVCache, WindowKVCache)
@@ -34,12 +33,11 @@ def batch_blocker(pair: Pair) -> Optional[str]:
     return None
 
 
-def target_pass(pair: Pair, groups: Sequence[tuple], run: Optional[PlainRun] = None):
+def target_pass(pair: Pair, groups: Sequence[tuple]):
     """Run every sequence's rows through the target in one pass. `groups[i]` is
     (tokens [rows, n], layer members): a chain or plain row as [1, n] with the
     sequence's own target caches (its rows are appended to them), or a tree's
     nodes as [N, 1] with its `tree_views` (nothing is written; finish_tree does).
-    `run`: a look-ahead pass's kept batches (plain_run.py; every group a plain row).
     Returns per group (logits [rows, n, V], features [rows, n, F] or None)."""
     if len(groups) == 1:  # one sequence: its own caches (or tree views) as they are, no padding to mask
         tokens, members = groups[0]
@@ -48,12 +46,7 @@ def target_pass(pair: Pair, groups: Sequence[tuple], run: Optional[PlainRun] = N
     tokens = mx.concatenate([t if t.shape[1] == width else mx.pad(t, [(0, 0), (0, width - t.shape[1])])
                              for t, _ in groups])
     lengths = [t.shape[1] for t, _ in groups]
-    layers = [[members[j] for _, members in groups] for j in range(len(groups[0][1]))]
-    offset = batch_offset(layers[0])  # every layer of a sequence holds its rows: one vector for them all
-    if run is not None:
-        views = run.views(layers, offset)
-    else:
-        views = [BatchLayerView(members, lengths, offset) for members in layers]
+    views = [BatchLayerView([members[j] for _, members in groups], lengths) for j in range(len(groups[0][1]))]
     logits, features = pair.target(tokens, views, pair.layer_ids)
     out, at = [], 0
     for t, _ in groups:
