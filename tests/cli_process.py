@@ -7,6 +7,7 @@ them in-process through the `cli` fixture and keep one process per behaviour.
 
 import hashlib
 import os
+import re
 import select
 import signal
 import subprocess
@@ -15,6 +16,9 @@ import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+# The plain progress lines of `bench` and `analyze` off a terminal (cli/ui/progress.py).
+PROGRESS_LINE = re.compile(r"^(bench|analyze) \[\d+/\d+\] ")
 
 
 def dflash2_command() -> list[str]:
@@ -39,10 +43,13 @@ class Result:
         return self.err.splitlines()
 
     def one_error_line(self) -> str:
-        """The single stderr line of a clean failure (asserts the shape)."""
+        """The single stderr line of a clean failure (asserts the shape). Progress lines
+        that a long command prints off a terminal before it fails ("bench [3/3] done")
+        are not part of the failure and are left out."""
         assert self.code != 0, (self.code, self.err)
-        assert len(self.err_lines) == 1, self.err
-        line = self.err_lines[0]
+        lines = [line for line in self.err_lines if not PROGRESS_LINE.match(line)]
+        assert len(lines) == 1, self.err
+        line = lines[0]
         assert line.startswith("error: ") and "internal error" not in line and "Traceback" not in self.err, line
         return line
 
