@@ -69,7 +69,8 @@ def test_greedy_speculation_batches_and_schemas_on_the_real_pair_are_plain_greed
 
     pair, tokenizer = pair
     prompts = [ids_of(tokenizer, q) for q in ("Write a Python function that reverses a string.",
-                                              "What is the capital of France?", "What is 12 + 30?")]
+                                              "What is the capital of France?", "What is 12 + 30?",
+                                              "Name a large animal.")]
     want = [[s.tokens[0] for s in autoregressive_generate_step(p, pair.without_drafter(), max_tokens=10)]
             for p in prompts]
     for kw in (dict(block_size=16), dict(tree_rows=8)):
@@ -77,7 +78,7 @@ def test_greedy_speculation_batches_and_schemas_on_the_real_pair_are_plain_greed
         assert [t for s in steps for t in s.tokens][:10] == want[0], kw
         # The drafter is real: some cycle commits drafted tokens (else this checks plain decoding).
         assert max(len(s.tokens) for s in steps[1:]) > 1, kw
-    decoder = BatchDecoder(pair, max_batch=3)
+    decoder = BatchDecoder(pair, max_batch=4)
     seqs = [decoder.add(p, SequenceSettings(max_tokens=10, block_size=6)) for p in prompts]
     got, widest = {id(s): [] for s in seqs}, 0
     while any(not s.finished for s in seqs):
