@@ -1,5 +1,5 @@
-"""Progress on stderr: train's bar (loss, recall, tokens/s), bench's (between
-runs) and analyze's (a bar on a terminal, plain lines in a log or a pipe)."""
+"""Progress on stderr: train's bar (loss, recall, tokens/s), and bench's and analyze's
+(a bar on a terminal, plain lines in a log or a pipe)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ class BarProgress:
         self._progress = Progress(*columns, console=err_console, auto_refresh=auto_refresh)
         self._label = label
         self._task = None if total is None else self._progress.add_task(label, total=total, completed=done, info="")
+        self._printed = None  # when the last plain line was printed (off a terminal)
 
     def __enter__(self):
         if self.enabled:
@@ -34,6 +35,18 @@ class BarProgress:
     def __exit__(self, *exc):
         if self.enabled:
             self._progress.stop()
+
+    def report(self, done: int, total: int, info: str, force: bool = False) -> None:
+        """Where the run is: the bar redrawn now on a terminal; elsewhere a plain line
+        ("bench [3/24] ...") when `force`d or PLAIN_EVERY_S after the last one."""
+        if self.enabled:
+            self.set(done, total, info)
+            self._progress.refresh()
+            return
+        now = time.monotonic()
+        if force or self._printed is None or now - self._printed >= PLAIN_EVERY_S:
+            self._printed = now
+            status(f"{self._label} [{done}/{total}] {info}")
 
     def set(self, done: int, total: int, info: str) -> None:
         if self._task is None:
@@ -69,17 +82,9 @@ class RunProgress(BarProgress):
 
     def __init__(self):
         super().__init__("bench", enabled=err_console.is_terminal, auto_refresh=False)
-        self._printed = None
 
     def update(self, done: int, total: int, info: str) -> None:
-        if self.enabled:
-            self.set(done, total, info)
-            self._progress.refresh()
-            return
-        now = time.monotonic()
-        if self._printed is None or now - self._printed >= PLAIN_EVERY_S or done == total:
-            self._printed = now
-            status(f"bench [{done}/{total}] {info}")
+        self.report(done, total, info, force=done == total)
 
 
 class AnalyzeProgress(BarProgress):
@@ -91,14 +96,9 @@ class AnalyzeProgress(BarProgress):
 
     def __init__(self):
         super().__init__("analyze", enabled=err_console.is_terminal, time_remaining=True, auto_refresh=False)
-        self._phase, self._printed = None, None
+        self._phase = None
 
     def __call__(self, step) -> None:
-        if self.enabled:
-            self.set(step.done, step.total, step.label)
-            self._progress.refresh()
-            return
-        phase, now = (step.variant, step.measurement), time.monotonic()
-        if phase != self._phase or now - self._printed >= PLAIN_EVERY_S:
-            self._phase, self._printed = phase, now
-            status(f"analyze [{step.done}/{step.total}] {step.label}")
+        phase = (step.variant, step.measurement)
+        self.report(step.done, step.total, step.label, force=phase != self._phase)
+        self._phase = phase
