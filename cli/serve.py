@@ -176,7 +176,7 @@ def serve(
             return
     print("loading models…", file=sys.stderr)
     pair, _ = _start(service)
-    names = tuple(served_model_name or ()) or (model,)
+    names = tuple(served_model_name or ()) or (getattr(model, "given", model),)  # `smollm2`, not its cache folder
     settings = ServeSettings(model_id=names[0], api_key=api_key, max_prompt_tokens=max_prompt_tokens,
                              default_max_tokens=max_tokens, template_kwargs=template_kwargs,
                              aliases=names[1:], strict_model_names=strict_model_name)
@@ -186,7 +186,7 @@ def serve(
     app = create_app(service, settings, drain, race=race)
     bound = sock.getsockname()
     mode = "plain autoregressive" if pair.drafter is None else pair.kind
-    print(f"serving '{model}' ({mode}) on http://{_url_host(bound[0])}:{bound[1]}  "
+    print(f"serving '{names[0]}' ({mode}) on http://{_url_host(bound[0])}:{bound[1]}  "
           "(open it in a browser for the page; OpenAI /v1/chat/completions and /v1/responses, "
           "Anthropic /v1/messages; "
           "Ctrl-C stops)", file=sys.stderr, flush=True)

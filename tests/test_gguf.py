@@ -129,6 +129,22 @@ def test_generate_takes_a_gguf_and_converts_it_once(cli, tmp_path):
     assert f"no drafter given for --model {path}" in err
 
 
+def test_serve_names_a_gguf_model_as_it_was_given(tmp_path):
+    """/health, /v1/models and answers name the file the user typed, not its cache folder."""
+    import httpx
+    from serve_helpers import Server
+
+    path, _, _ = write_gguf(tmp_path / "m.gguf", "llama", "Q8_0", "Q8_0")
+    server = Server("--ar", "--model", str(path), tmp=tmp_path)
+    try:
+        assert httpx.get(server.url + "/health", timeout=10).json()["model"] == str(path)
+        assert [m["id"] for m in httpx.get(server.url + "/v1/models", timeout=10).json()["data"]] == [str(path)]
+    finally:
+        code, log = server.stop()
+    assert code == 0, log
+    assert f"serving '{path}'" in log
+
+
 def test_convert_writes_an_mlx_lm_folder(cli, tmp_path):
     from mlx_lm import load
 
