@@ -1,6 +1,7 @@
 """Result files are written whole or not at all, and checked before the work."""
 
 import os
+import uuid
 from pathlib import Path
 
 from .errors import DFlashError
@@ -12,9 +13,12 @@ def atomic_write_text(path, text: str) -> Path:
 
 
 def atomic_write_bytes(path, data: bytes) -> Path:
-    """Write `data` to `path` via a temporary file and a rename."""
+    """Write `data` to `path` via a temporary file and a rename. The temporary name is
+    this writer's own: two processes writing one file (two servers calibrating at once)
+    each rename a whole file, and the last one wins, instead of one renaming the other's
+    half-written file away from under it."""
     path = Path(path).expanduser()
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_bytes(data)
