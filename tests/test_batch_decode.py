@@ -102,6 +102,52 @@ def test_plain_sequences_batch_without_a_drafter():
     assert len(got[1]) < requests[1]["max_tokens"] and decoder.last_pass[1] == decoder.last_pass[0]
 
 
+@pytest.mark.parametrize("family", ["qwen3", "gemma3_text"])
+def test_plain_passes_keep_the_batch_in_one_buffer_that_the_caches_hold_as_theirs(family, monkeypatch):
+    """A run of one-row passes writes into one buffer per layer (plain_run.py): each
+    sequence's cache holds its slot of it (no second copy), nothing is gathered again
+    while the run lasts, and a sequence that leaves takes its rows back as its own."""
+    from dflash2_mlx.engine.batch import plain_run
+
+    gathers = []
+    real_gather = plain_run._gather
+    monkeypatch.setattr(plain_run, "_gather", lambda *a: gathers.append(1) or real_gather(*a))
+    pair = _pair(family).without_drafter()
+    requests = [dict(r, block=None, tree=0, max_tokens=30) for r in _requests(pair.target.vocab_size, seed=5)[:4]]
+    decoder = BatchDecoder(pair, max_batch=4)
+    seqs = [decoder.add(r["prompt"], SequenceSettings(max_tokens=r["max_tokens"], prefill_step_size=STEP))
+            for r in requests]
+    got = {id(s): [] for s in seqs}
+
+    def step():
+        for s, out in decoder.step():
+            got[id(s)].extend(out.tokens)
+
+    while any(s.anchor is None for s in seqs):
+        step()
+    step()  # the first pass of all four gathers their rows into the run's buffers
+    held = sorted(decoder._run.layers)
+    assert held and all(type(c) in plain_run.SLOT_CACHES for c in (seqs[0].cache.target[j] for j in held))
+    gathers.clear()
+    for _ in range(5):
+        step()
+    assert not gathers  # the same sequences: the buffer is written, never gathered again
+    for j in held:
+        batch = decoder._run.layers[j]
+        assert all(s.cache.target[j].keys is k for s, k in zip(seqs, batch.keys))
+    decoder.remove(seqs[0])
+    assert not decoder._run.layers and all(seqs[0].cache.target[j].keys is not k
+                                           for j in held for k in batch.keys + batch.values)
+    while decoder.sequences:
+        step()
+        for s in seqs:
+            if s.finished and s in decoder.sequences:
+                decoder.remove(s)
+    for s, r in zip(seqs[1:], requests[1:]):
+        assert got[id(s)] == _alone(pair, r)
+    assert got[id(seqs[0])] == _alone(pair, requests[0])[: len(got[id(seqs[0])])]
+
+
 def test_seeded_sequences_sample_what_they_sample_alone_whoever_shares_the_batch():
     pair = _pair("qwen3")
     requests = _requests(pair.target.vocab_size, seed=2)
@@ -290,9 +336,9 @@ def test_the_batch_policy_is_told_one_pass_time_per_pass_when_passes_run_ahead(m
     now, PASS = [0.0], 10 * MS
     real_pass = decoder_module.target_pass
 
-    def timed_pass(pair, groups):
+    def timed_pass(pair, groups, *run):
         now[0] += PASS
-        return real_pass(pair, groups)
+        return real_pass(pair, groups, *run)
 
     monkeypatch.setattr(decoder_module, "target_pass", timed_pass)
     monkeypatch.setattr(ahead_module, "target_pass", timed_pass)

@@ -27,11 +27,13 @@ class LookAhead:
     chosen: bool  # whether the batch policy chose these plain rows
 
     @classmethod
-    def launch(cls, pair, seqs: list, tokens: list, chosen: bool) -> "LookAhead":
-        """Run each sequence's lazy `tokens[i]` as its next plain row and sample what follows."""
+    def launch(cls, pair, seqs: list, tokens: list, chosen: bool, run=None) -> "LookAhead":
+        """Run each sequence's lazy `tokens[i]` as its next plain row and sample what follows
+        (`run`: the decoder's buffers for plain passes, plain_run.py)."""
         previous = [s.key for s in seqs]
         keys = [s.next_keys(False) for s in seqs]
-        passes = target_pass(pair, [(t.reshape(1, 1).astype(mx.int32), s.cache.target) for s, t in zip(seqs, tokens)])
+        passes = target_pass(pair, [(t.reshape(1, 1).astype(mx.int32), s.cache.target) for s, t in zip(seqs, tokens)],
+                             run)
         picks = [(s.sample(p[0][0, 0], k[0]), p[0][0, 0]) for s, p, k in zip(seqs, passes, keys)]
         # The features with the tokens: a lazy one would hold the pass's graph (decode/plain.py).
         mx.async_eval([p[0] for p in picks] + [f for _, f in passes if f is not None])

@@ -33,6 +33,7 @@ from ..tree.verify import tree_views
 from ..decode.loop import decide
 from .ahead import LookAhead
 from .passes import batch_blocker, draft_pass, target_pass
+from .plain_run import PlainRun
 from .sequence import BatchSequence, SequenceSettings
 
 __all__ = ["BatchDecoder", "BatchSequence", "SequenceFailed", "SequenceSettings", "batch_blocker"]
@@ -63,6 +64,7 @@ class BatchDecoder:
         self.last_pass: tuple[int, int] = (0, 0)  # (sequences, rows) of the latest pass
         self.last_blocks: list[int] = []  # each sequence's block in it (1: a plain row)
         self._ahead: Optional[LookAhead] = None  # the next all-plain pass, launched early
+        self._run = PlainRun()  # the batch's buffers while passes are one plain row each (plain_run.py)
         self._untimed = 0.0  # seconds of cycles that computed no pass, added to the next pass's time
 
     # -- joining and leaving ------------------------------------------------------------
@@ -83,6 +85,7 @@ class BatchDecoder:
             self.sequences.remove(seq)
         if self._ahead is not None:
             self._ahead.drop(seq)
+        self._run.clear()  # its caches (a prompt cache may keep them) hold their own rows again
         seq.close()
 
     @property
@@ -121,7 +124,7 @@ class BatchDecoder:
             keys = [s.next_keys(b > 1) for s, b in zip(seqs, blocks)]
             drafts = self._draft(seqs, blocks, keys)
             groups = [_group(s, d) for s, d in zip(seqs, drafts)]
-            passes = target_pass(self.pair, groups)
+            passes = target_pass(self.pair, groups, self._run)
             picks = [None if isinstance(d, PlannedTree) else self._pick(s, d, p[0][0], k)
                      for s, d, p, k in zip(seqs, drafts, passes, keys)]
         for s in seqs:
@@ -177,7 +180,7 @@ class BatchDecoder:
         nxt, chosen = self._blocks(seqs, context_ahead=1)
         if any(b != 1 for b in nxt):
             return True
-        self._ahead = LookAhead.launch(self.pair, seqs, [p[0] for p in picks], chosen)
+        self._ahead = LookAhead.launch(self.pair, seqs, [p[0] for p in picks], chosen, self._run)
         return True
 
     def _blocks(self, seqs: list[BatchSequence], context_ahead: int = 0) -> tuple[list[int], bool]:

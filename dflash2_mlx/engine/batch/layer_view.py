@@ -19,7 +19,8 @@ Rejected rows are therefore *removed*, never masked: after the pass each
 sequence rolls its own cache back exactly as it would alone (trim, or the
 sliding ring's room), so nothing a later pass reads depends on the batch it
 ran in, and joining or leaving is adding or dropping a list entry. The cost is
-one gather of the batch's keys per layer per pass (docs/batching.md).
+one gather of the batch's keys per layer per pass (docs/batching.md); a run of
+passes of one plain row each keeps its batch in one buffer instead (plain_run.py).
 """
 
 from typing import Optional, Sequence

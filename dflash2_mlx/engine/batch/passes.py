@@ -17,6 +17,7 @@ from ..kv_buckets import BucketedKVCache
 from ..target.caches import WindowKVCache
 from .draft_view import BatchDraftContext
 from .layer_view import BatchLayerView
+from .plain_run import PlainRun, holds
 
 # Target cache kinds a batched pass knows how to view (layer_view.py).
 _BATCHABLE = (KVCache, BucketedKVCache, WindowKVCache)
@@ -33,12 +34,19 @@ def batch_blocker(pair: Pair) -> Optional[str]:
     return None
 
 
-def target_pass(pair: Pair, groups: Sequence[tuple]):
+def target_pass(pair: Pair, groups: Sequence[tuple], run: Optional[PlainRun] = None):
     """Run every sequence's rows through the target in one pass. `groups[i]` is
     (tokens [rows, n], layer members): a chain or plain row as [1, n] with the
     sequence's own target caches (its rows are appended to them), or a tree's
     nodes as [N, 1] with its `tree_views` (nothing is written; finish_tree does).
+    `run`: the batch decoder's buffers for passes of one plain row each (plain_run.py).
     Returns per group (logits [rows, n, V], features [rows, n, F] or None)."""
+    layers = [[members[j] for _, members in groups] for j in range(len(groups[0][1]))]
+    offsets = [m.offset for m in layers[0]]  # a tree's views: a vector each
+    one_row = (len(groups) > 1 and all(t.shape == (1, 1) for t, _ in groups)
+               and all(isinstance(o, int) for o in offsets) and holds(offsets))
+    if run is not None and not one_row:
+        run.clear()  # any other pass ends the run: the caches get their rows back first
     if len(groups) == 1:  # one sequence: its own caches (or tree views) as they are, no padding to mask
         tokens, members = groups[0]
         return [pair.target(tokens, members, pair.layer_ids)]
@@ -46,7 +54,10 @@ def target_pass(pair: Pair, groups: Sequence[tuple]):
     tokens = mx.concatenate([t if t.shape[1] == width else mx.pad(t, [(0, 0), (0, width - t.shape[1])])
                              for t, _ in groups])
     lengths = [t.shape[1] for t, _ in groups]
-    views = [BatchLayerView([members[j] for _, members in groups], lengths) for j in range(len(groups[0][1]))]
+    if run is not None and one_row:
+        views = run.views(layers, offsets)
+    else:
+        views = [BatchLayerView(members, lengths) for members in layers]
     logits, features = pair.target(tokens, views, pair.layer_ids)
     out, at = [], 0
     for t, _ in groups:
