@@ -6,7 +6,8 @@
 #   3. DFlash 2 and the DFlash (v1) baseline trained by `dflash2 train` with the same backbone,
 #      data and steps (--processes 2: two ring ranks), sharing one --feature-store: the frozen
 #      target's features of each sequence are computed once, in DFlash 2's first epoch;
-#   4. both installed into dflash2_mlx/builtin/smollm2-{dflash2,dflash} with a TRAINING.md each.
+#   4. both quantized to 8 bits and installed into dflash2_mlx/builtin/smollm2-{dflash2,dflash} with a
+#      TRAINING.md each.
 # Knobs (environment): STEPS, LR, LAYERS, TARGET_LAYERS, BLOCK, BATCH, SEQ, BPS (blocks per
 # sequence), RANK (selector rank: 32 keeps the 49k-row codebooks, and the file, under 20 MB), LIMIT.
 # BLAS_SHIM=1 (default here) routes MLX's CPU matmuls to numpy's OpenBLAS (recipes/blas_shim).
@@ -17,9 +18,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ "${BLAS_SHIM:-1}" = 1 ]; then eval "$(bash recipes/blas_shim/build.sh)"; fi
 RUN=${RUN:-runs/smollm2}
-STEPS=${STEPS:-360}; LAYERS=${LAYERS:-1}; TARGET_LAYERS=${TARGET_LAYERS:-1,8,15,22,28}
+STEPS=${STEPS:-720}; LAYERS=${LAYERS:-3}; TARGET_LAYERS=${TARGET_LAYERS:-1,8,15,22,28}
 BLOCK=${BLOCK:-16}; BATCH=${BATCH:-8}; SEQ=${SEQ:-256}; BPS=${BPS:-8}; RANK=${RANK:-32}
-LIMIT=${LIMIT:-0}; STAGES=${STAGES:-data,drafters,install}
+LIMIT=${LIMIT:-480}; STAGES=${STAGES:-data,drafters,install}
 mkdir -p "$RUN/data"
 stage() { [[ ",$STAGES," == *",$1,"* ]]; }
 
@@ -50,8 +51,12 @@ if stage ablations; then
   train dflash-conv dflash2 --train no-selector
 fi
 
+# Installed 8-bit (w8abf16, groups of 64): three bfloat16 layers make a 32 MB file, over the package's
+# 20 MB a file; 8-bit layers and projection keep each under it (the selector codebooks stay bfloat16).
+# τ is measured on these installed files (benchmarks/real_pair_tau.py).
 if stage install; then for v in dflash2 dflash; do
-  rm -rf "dflash2_mlx/builtin/smollm2-$v" && cp -r "$RUN/$v/drafter" "dflash2_mlx/builtin/smollm2-$v"
+  rm -rf "$RUN/$v/drafter-q8" && dflash2 quantize --drafter "$RUN/$v/drafter" -q w8abf16:gs64 -o "$RUN/$v/drafter-q8"
+  rm -rf "dflash2_mlx/builtin/smollm2-$v" && cp -r "$RUN/$v/drafter-q8" "dflash2_mlx/builtin/smollm2-$v"
   python recipes/builtin_drafters/training_md.py "$RUN" "$v" "dflash2_mlx/builtin/smollm2-$v" --seq-len "$SEQ" \
     --title "SmolLM2-135M-Instruct $v drafter" --about recipes/smollm2_drafters/about.md
 done; fi
