@@ -43,7 +43,7 @@ def target_pass(pair: Pair, groups: Sequence[tuple], run: Optional[PlainRun] = N
     Returns per group (logits [rows, n, V], features [rows, n, F] or None)."""
     layers = [[members[j] for _, members in groups] for j in range(len(groups[0][1]))]
     offsets = [m.offset for m in layers[0]]  # a tree's views: a vector each
-    one_row = (len(groups) > 1 and all(t.shape == (1, 1) for t, _ in groups)
+    one_row = (run is not None and len(groups) > 1 and all(t.shape == (1, 1) for t, _ in groups)
                and all(isinstance(o, int) for o in offsets) and holds(offsets))
     if run is not None and not one_row:
         run.clear()  # any other pass ends the run: the caches get their rows back first
@@ -54,7 +54,7 @@ def target_pass(pair: Pair, groups: Sequence[tuple], run: Optional[PlainRun] = N
     tokens = mx.concatenate([t if t.shape[1] == width else mx.pad(t, [(0, 0), (0, width - t.shape[1])])
                              for t, _ in groups])
     lengths = [t.shape[1] for t, _ in groups]
-    if run is not None and one_row:
+    if one_row:
         views = run.views(layers, offsets)
     else:
         views = [BatchLayerView(members, lengths) for members in layers]
