@@ -94,9 +94,10 @@ def padded_width(keys: int) -> int:
     return bucket(keys)
 
 
-def stack_right_padded(arrays: list) -> mx.array:
-    """[1, H, n_i, D] arrays -> [N, H, padded_width(max n_i), D], zeros after each one's own rows."""
-    width = padded_width(max(a.shape[2] for a in arrays))
+def stack_right_padded(arrays: list, width: Optional[int] = None) -> mx.array:
+    """[1, H, n_i, D] arrays -> [N, H, width, D] (default padded_width(max n_i)), zeros after
+    each one's own rows."""
+    width = width or padded_width(max(a.shape[2] for a in arrays))
     padded = [a if a.shape[2] == width else mx.pad(a, [(0, 0), (0, 0), (0, width - a.shape[2]), (0, 0)])
               for a in arrays]
     return mx.concatenate(padded, axis=0)

@@ -28,7 +28,7 @@ from mlx_lm.models.cache import KVCache
 
 from ...device import backend_name
 from ..kv_buckets import STEP, BucketedKVCache, bucket
-from .layer_view import BatchLayerView
+from .layer_view import BatchLayerView, stack_right_padded
 
 # Caches that hold their rows in the first `offset` columns of `keys` / `values`
 # (a sliding ring does not: it is gathered every pass, layer_view.py).
@@ -152,11 +152,7 @@ def _same(a, b) -> bool:
 def _gather(members: list, offsets: list[int], name: str) -> mx.array:
     """The members' `name` buffers as slots of one [B, H, capacity, D] buffer (whole buckets)."""
     capacity = bucket(max(offsets) + 1)
-    slots = []
-    for m in members:
-        a = getattr(m, name)[..., :capacity, :]
-        slots.append(a if a.shape[2] == capacity else mx.pad(a, [(0, 0), (0, 0), (0, capacity - a.shape[2]), (0, 0)]))
-    return mx.concatenate(slots, axis=0)
+    return stack_right_padded([getattr(m, name)[..., :capacity, :] for m in members], capacity)
 
 
 def _grow(buffer: mx.array) -> mx.array:
