@@ -367,8 +367,8 @@ def block_plan(pair, block_size, prompt_ids, max_tokens: int, recalibrate: bool 
                ranks: bool = False, tree: int = 0, seeded: bool = False):
     """(block size, calibration) to pass to `stream_generate` for the parsed --block-size.
 
-    "auto" reads this machine's cached calibration, measuring it first (a few
-    seconds, once per machine and pair) when there is none. Ranks of a split
+    "auto" reads this machine's cached calibration, measuring it first (once per machine and pair:
+    seconds for a small pair, minutes for a real model on one CPU core) when there is none. Ranks of a split
     target decode with the drafter's fixed block: auto decides from each
     rank's own clock, and ranks that decided differently would wait forever on
     each other's collectives. A tree (`tree` rows) drafts the fixed block too.

@@ -445,3 +445,14 @@ def test_acceptance_is_kept_by_context_band():
     for _ in range(40):
         long.observe(3, 0)  # ... then learns on its own
     assert long.rates[0] < 0.2 and short.rates[0] == pytest.approx(0.9) and bands.at(100) is short
+
+
+def test_calibration_cuts_only_slow_measurements_to_its_budget():
+    # A real model on one CPU core spent minutes of its first run measuring (a 16-block cycle
+    # took seconds); a fast pair keeps every cycle it asked for.
+    from dflash2_mlx.engine.adaptive.calibrate import MEASURE_BUDGET_S, _cycles_within
+
+    assert _cycles_within(6, MEASURE_BUDGET_S / 100) == 6
+    assert _cycles_within(6, MEASURE_BUDGET_S / 4) == 4
+    assert _cycles_within(6, MEASURE_BUDGET_S * 2) == 2  # never fewer than two cycles to take a median of
+    assert _cycles_within(3, MEASURE_BUDGET_S * 2, least=1) == 1

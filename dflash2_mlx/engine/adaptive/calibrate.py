@@ -53,6 +53,8 @@ SIZES = (2, 4, 8, 16)
 # time (about 17 s on one CPU core for the built-in pair at 8,192; far less on a GPU). With
 # 2,048 alone, 32k was a 17-fold extension of the growth between 256 and 2,048 tokens.
 LONG_CONTEXTS = (2048, 8192)
+# Seconds one measurement (a block size's cycles, a round of batched passes) aims to take.
+MEASURE_BUDGET_S = 2.0
 # Total rows of the target passes timed for batches; the batch policy interpolates
 # between them and extends the last two linearly.
 BATCH_ROWS = (1, 2, 4, 8, 16, 32, 64)
@@ -137,14 +139,29 @@ def long_contexts(limit: Optional[int], short: int) -> list[int]:
     return kept
 
 
+def _read_prompt(pair: Pair, prompt_ids: Sequence[int]) -> DecodeCache:
+    """Caches at rest after the prompt and its first token: every measurement decodes
+    from a copy, so the prompt is read once (a real model's prompt takes seconds on a CPU)."""
+    cache = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
+    for _ in speculative_generate_step(prompt_ids, pair, max_tokens=1, policy=FixedBlock(1), prompt_cache=cache):
+        pass
+    return cache
+
+
+def _cycles_within(cycles: int, cycle_s: float, least: int = 2) -> int:
+    """How many of `cycles` cycles of about `cycle_s` seconds to time: all of them, or as
+    many as MEASURE_BUDGET_S allows (at least `least`). Where one cycle takes seconds (a
+    real model on one CPU core) the full counts took minutes on the first run, and a long
+    cycle's timing varies far less than the table needs to tell block sizes apart."""
+    return max(least, min(cycles, int(MEASURE_BUDGET_S / max(cycle_s, 1e-9))))
+
+
 def _read_context(pair: Pair, prompt_ids: Sequence[int], n: int) -> DecodeCache:
     """Caches that hold `n` rows: the prompt read for real, then zero rows written
     straight into every attention cache, target's and drafter's. A step's cost
     depends on how many rows it reads, not on what they hold, and running the
     target over `n` tokens would make every first run wait for a long prefill."""
-    cache = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
-    for _ in speculative_generate_step(prompt_ids, pair, max_tokens=1, policy=FixedBlock(1), prompt_cache=cache):
-        pass
+    cache = _read_prompt(pair, prompt_ids)
     pad = n - len(prompt_ids)
     for c in cache.target + cache.drafter:
         state = getattr(c, "state", None)
@@ -165,7 +182,7 @@ def measure(pair: Pair, prompt_ids: Sequence[int], sizes: Sequence[int] = SIZES,
     after each long context (`long`, in tokens; None: `long_contexts`, (): none).
     A few seconds for each."""
     sizes = sorted({B for B in sizes if 2 <= B <= pair.max_block_size} | {2, pair.max_block_size})
-    short, acceptance = _costs_at(pair, prompt_ids, sizes, cycles, None)
+    short, acceptance = _costs_at(pair, prompt_ids, sizes, cycles, _read_prompt(pair, prompt_ids))
     tables = {len(prompt_ids): short}
     for n in long_contexts(context_limit(pair.target), len(prompt_ids)) if long is None else long:
         tables[n], _ = _costs_at(pair, prompt_ids, sizes, cycles, _read_context(pair, prompt_ids, n))
@@ -211,15 +228,21 @@ def target_rows_costs(pair: Pair, prompt_ids: Sequence[int], rows: Sequence[int]
     ids = list(prompt_ids) * (max(rows) // max(len(prompt_ids), 1) + 1)
     sizes = [R for R in rows if R <= room]
     seconds = {R: float("inf") for R in sizes}
-    for round_ in range(repeats + 1):  # round 0 builds each shape's graph: not timed
+    rounds, round_ = repeats + 1, 0
+    while round_ < rounds:  # round 0 builds each shape's graph: not timed
+        took = 0.0
         for R in sizes if round_ % 2 else sizes[::-1]:
             tokens = mx.array([ids[:R]])
             start = time.perf_counter()
             logits, features, undo = target.forward_undoable(tokens, cache, pair.layer_ids)
             mx.eval([a for a in (logits, features) if a is not None])
+            took += time.perf_counter() - start
             if round_:
                 seconds[R] = min(seconds[R], time.perf_counter() - start)
             target.rollback(cache, undo, 0)
+        if round_ == 0:
+            rounds = 1 + _cycles_within(repeats, took, least=1)
+        round_ += 1
     return _non_decreasing(seconds)
 
 
@@ -231,14 +254,16 @@ def _costs_at(pair: Pair, prompt_ids, sizes, cycles: int, cache: Optional[Decode
     M = pair.max_block_size - 1
     reached, hit = [0] * M, [0] * M
     for B in sizes:
-        times, steps = _pass_times(pair, prompt_ids, FixedBlock(B), cycles, prompt_cache=cache)
+        # A cycle costs at most about B plain steps to verify and as much to draft (one CPU core).
+        times, steps = _pass_times(pair, prompt_ids, FixedBlock(B), _cycles_within(cycles, 2 * B * plain),
+                                   prompt_cache=cache)
         cycle[B] = statistics.median(times)
         for s in steps:
             for t in range(min(s.accepted + 1, s.drafted)):
                 reached[t] += 1
                 hit[t] += t < s.accepted
         profiler = CycleProfiler(timed=True)
-        _pass_times(pair, prompt_ids, FixedBlock(B), 3, profiler, prompt_cache=cache)
+        _pass_times(pair, prompt_ids, FixedBlock(B), _cycles_within(3, 2 * B * plain), profiler, prompt_cache=cache)
         n = profiler.fetches
         verify[B] = profiler.seconds["verify"] / n
         draft[B] = (profiler.seconds["draft"] + profiler.seconds["select"]) / n
