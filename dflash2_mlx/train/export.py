@@ -101,12 +101,33 @@ def atomic_write_folder(folder: Path, files: dict[str, object]) -> Path:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:
-        # A Ctrl-C between the two renames must not leave no folder at all.
-        if old is not None and old.exists() and not folder.exists():
-            os.replace(old, folder)
+        # A Ctrl-C between the two renames must not leave no folder at all; one inside
+        # the removal of the replaced folder must not leave half of it.
+        if old is not None and old.exists():
+            if folder.exists():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(old, folder)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return folder
+
+
+def remove_folder(folder: Path) -> None:
+    """Delete `folder` so that no interruption leaves it half there under its name:
+    renamed away first (one atomic step), then removed."""
+    folder = Path(folder)
+    trash = folder.parent / f".{folder.name}.{uuid.uuid4().hex[:8]}.old"
+    try:
+        os.replace(folder, trash)
+    except OSError:  # gone already, or not ours to move: removed in place, as before
+        shutil.rmtree(folder, ignore_errors=True)
+    finally:  # also when a signal lands just after the rename
+        try:
+            shutil.rmtree(trash, ignore_errors=True)
+        except BaseException:  # a signal inside the removal: finish it, then let the signal go on
+            shutil.rmtree(trash, ignore_errors=True)
+            raise
 
 
 def export_drafter(drafter, config: dict, folder) -> Path:

@@ -9,7 +9,6 @@ takes its slice of every global batch and gradients are averaged.
 
 import json
 import math
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from ..engine.pair import Pair
 from ..errors import DFlashError
 from ..files import atomic_write_text
 from .data import BatchOrder
-from .export import atomic_write_folder, export_drafter
+from .export import atomic_write_folder, export_drafter, remove_folder
 from .outdir import CHECKPOINT_FORMAT, check_export_target, own_checkpoints
 from .loss import block_loss, recall_by_position, selector_loss
 from .forward import packed_forward, target_features
@@ -269,7 +268,7 @@ class DrafterTrainer:
         # Only checkpoints this tool wrote, oldest by step first; never the one just written.
         for _, old in own_checkpoints(self.ckpt_dir)[: -self.config.keep_checkpoints]:
             if old != folder:
-                shutil.rmtree(old, ignore_errors=True)
+                remove_folder(old)  # never a step folder without its state.json
         return folder
 
     def resume(self) -> bool:
