@@ -180,7 +180,8 @@ def measure(pair: Pair, prompt_ids: Sequence[int], sizes: Sequence[int] = SIZES,
             long: Optional[Sequence[int]] = None) -> Calibration:
     """Run the decode loop plainly and at each block size, after the prompt and
     after each long context (`long`, in tokens; None: `long_contexts`, (): none).
-    A few seconds for each."""
+    A few seconds for each on a small pair; where one cycle takes seconds, each
+    measurement is cut to about MEASURE_BUDGET_S (`_cycles_within`)."""
     sizes = sorted({B for B in sizes if 2 <= B <= pair.max_block_size} | {2, pair.max_block_size})
     short, acceptance = _costs_at(pair, prompt_ids, sizes, cycles, _read_prompt(pair, prompt_ids))
     tables = {len(prompt_ids): short}
