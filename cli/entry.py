@@ -17,6 +17,19 @@ def main() -> None:
     terminate.install()
     stdio.reopen_closed_streams()
     try:
+        code = _run()
+    # A signal that lands after the command's own outcome, while it is reported and
+    # before signals are ignored, is still one line, not a traceback.
+    except KeyboardInterrupt:
+        code = stdio.report_interrupted()
+    except terminate.Terminated:
+        code = terminate.report_terminated()
+    _ignore_signals()
+    sys.exit(code)
+
+
+def _run():
+    try:
         from .main import main as run  # typer, rich, mlx: the slow part
 
         run()
@@ -27,6 +40,10 @@ def main() -> None:
         code = stdio.report_interrupted()
     except terminate.Terminated:
         code = terminate.report_terminated()
+    _ignore_signals()
+    return code
+
+
+def _ignore_signals() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
-    sys.exit(code)
