@@ -156,12 +156,13 @@ def _cycles_within(cycles: int, cycle_s: float, least: int = 2) -> int:
     return max(least, min(cycles, int(MEASURE_BUDGET_S / max(cycle_s, 1e-9))))
 
 
-def _read_context(pair: Pair, prompt_ids: Sequence[int], n: int) -> DecodeCache:
-    """Caches that hold `n` rows: the prompt read for real, then zero rows written
-    straight into every attention cache, target's and drafter's. A step's cost
-    depends on how many rows it reads, not on what they hold, and running the
-    target over `n` tokens would make every first run wait for a long prefill."""
-    cache = _read_prompt(pair, prompt_ids)
+def _read_context(read: DecodeCache, prompt_ids: Sequence[int], n: int) -> DecodeCache:
+    """Caches that hold `n` rows: a copy of `read` (the prompt read for real,
+    `_read_prompt`), then zero rows written straight into every attention cache,
+    target's and drafter's. A step's cost depends on how many rows it reads, not
+    on what they hold, and running the target over `n` tokens would make every
+    first run wait for a long prefill."""
+    cache = DecodeCache(copy.deepcopy(read.target), copy.deepcopy(read.drafter), list(read.tokens))
     pad = n - len(prompt_ids)
     for c in cache.target + cache.drafter:
         state = getattr(c, "state", None)
@@ -183,10 +184,11 @@ def measure(pair: Pair, prompt_ids: Sequence[int], sizes: Sequence[int] = SIZES,
     A few seconds for each on a small pair; where one cycle takes seconds, each
     measurement is cut to about MEASURE_BUDGET_S (`_cycles_within`)."""
     sizes = sorted({B for B in sizes if 2 <= B <= pair.max_block_size} | {2, pair.max_block_size})
-    short, acceptance = _costs_at(pair, prompt_ids, sizes, cycles, _read_prompt(pair, prompt_ids))
+    read = _read_prompt(pair, prompt_ids)
+    short, acceptance = _costs_at(pair, prompt_ids, sizes, cycles, read)
     tables = {len(prompt_ids): short}
     for n in long_contexts(context_limit(pair.target), len(prompt_ids)) if long is None else long:
-        tables[n], _ = _costs_at(pair, prompt_ids, sizes, cycles, _read_context(pair, prompt_ids, n))
+        tables[n], _ = _costs_at(pair, prompt_ids, sizes, cycles, _read_context(read, prompt_ids, n))
     batch = batch_costs(pair, prompt_ids, tables)
     return Calibration(ContextCosts(tables), acceptance, calibration_key(pair), batch=batch)
 
@@ -237,9 +239,10 @@ def target_rows_costs(pair: Pair, prompt_ids: Sequence[int], rows: Sequence[int]
             start = time.perf_counter()
             logits, features, undo = target.forward_undoable(tokens, cache, pair.layer_ids)
             mx.eval([a for a in (logits, features) if a is not None])
-            took += time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            took += elapsed
             if round_:
-                seconds[R] = min(seconds[R], time.perf_counter() - start)
+                seconds[R] = min(seconds[R], elapsed)
             target.rollback(cache, undo, 0)
         if round_ == 0:
             rounds = 1 + _cycles_within(repeats, took, least=1)
