@@ -8,7 +8,7 @@ import pytest
 
 from dflash2_mlx.engine.adaptive.policy import AcceptanceEstimate, BlockPolicy, CostTable, Decision
 from dflash2_mlx.engine.adaptive.calibrate import _non_decreasing, calibration_key, load_or_calibrate, long_contexts
-from dflash2_mlx.engine.decode.loop import DecodeCache, speculative_generate_step
+from dflash2_mlx.engine.decode.loop import DecodeCache, prefill, speculative_generate_step
 from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.engine.sampling import SamplingParams
 
@@ -52,7 +52,7 @@ def test_greedy_output_equals_plain_decoding(pair, sizes):
     # Plain steps draft nothing; every cycle's outcome reached the policy.
     assert sum(s.drafted > 0 for s in steps) == len(policy.observed)
     # At rest both caches hold every committed token but the last.
-    assert cache.target[0].offset == len(cache.tokens) - 1 == cache.drafter[0].offset
+    assert cache.target[0].offset == len(cache.tokens) - 1 == cache.drafter_rows
     # Rows the target ran: one per plain step, the block per cycle (τ per verify row reads them).
     assert all(s.verify_rows == s.drafted + 1 for s in steps[1:])
     # Every decision is told the context it reads: the tokens committed so far (a plain
@@ -64,16 +64,34 @@ def test_greedy_output_equals_plain_decoding(pair, sizes):
 
 def test_plain_rows_reach_the_drafter_cache_before_the_next_draft(pair):
     # Drafting after a plain run sees exactly what a fixed-block run would:
-    # the same drafter cache contents give the same drafts.
+    # the same drafter cache contents give the same drafts. A run leaves its
+    # last plain rows unread (DecodeCache.unread); whoever drafts next runs them in.
     n = 30
     cache_a = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
     list(speculative_generate_step(PROMPT, pair, max_tokens=n, policy=Schedule([1]), prompt_cache=cache_a))
     cache_b = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
     list(speculative_generate_step(PROMPT, pair, max_tokens=n, block_size=4, prompt_cache=cache_b))
+    assert cache_a.unread is not None and cache_a.drafter[0].offset < cache_a.offset  # the premise: it lags
+    for cache in (cache_a, cache_b):
+        cache.catch_up(pair.drafter)
     for a, b in zip(cache_a.drafter, cache_b.drafter):
         ka, kb = a.state[0][..., : a.offset, :], b.state[0][..., : b.offset, :]
         assert a.offset == b.offset
         assert mx.allclose(ka, kb, atol=1e-5).item()
+
+
+def test_a_next_turn_runs_the_unread_rows_in_before_its_prompt(pair):
+    # A plain run leaves its rows unread; the next turn's prompt enters the drafter
+    # after them, so it holds what reading the whole conversation at once gives it.
+    cache = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
+    list(speculative_generate_step(PROMPT, pair, max_tokens=20, policy=Schedule([1]), prompt_cache=cache))
+    assert cache.unread is not None  # the premise
+    list(speculative_generate_step([cache.tokens[-1], 5, 9, 2], pair, max_tokens=1, prompt_cache=cache))
+    read = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
+    prefill(mx.array(cache.tokens[:-1], dtype=mx.int32), pair, read)
+    for a, b in zip(cache.drafter, read.drafter):
+        assert a.offset == b.offset == len(cache.tokens) - 1
+        assert mx.allclose(a.state[0][..., : a.offset, :], b.state[0][..., : b.offset, :], atol=1e-4).item()
 
 
 @pytest.mark.parametrize("stop_after", [1, 3, 7])
@@ -85,7 +103,7 @@ def test_closing_inside_a_plain_run_undoes_the_look_ahead(pair, stop_after):
         if i == stop_after:
             break
     gen.close()
-    assert cache.target[0].offset == len(cache.tokens) - 1 == cache.drafter[0].offset
+    assert cache.target[0].offset == len(cache.tokens) - 1 == cache.drafter_rows
     # The cache continues exactly: the rest equals plain decoding.
     more = [t for s in speculative_generate_step([cache.tokens[-1]], pair, max_tokens=10, block_size=3,
                                                   prompt_cache=cache) for t in s.tokens]

@@ -7,11 +7,12 @@ runs chunk by chunk between the others' cycles, and a sequence that leaves
 keeps caches a later turn continues from.
 """
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
 from dflash2_mlx.engine.batch.decoder import BatchDecoder, SequenceSettings, batch_blocker
-from dflash2_mlx.engine.decode.loop import generate_step
+from dflash2_mlx.engine.decode.loop import DecodeCache, generate_step, prefill
 from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.engine.sampling import SamplingParams
 from dflash2_mlx.errors import DFlashError
@@ -170,11 +171,20 @@ def test_sequences_leave_mid_run_and_their_caches_continue_a_next_turn():
         assert got[i] == _alone(pair, requests[i])[: len(got[i])]
         cache = seqs[i].cache
         assert len(got[i]) >= 5 and cache.target[0].offset == len(cache.tokens) - 1
-        assert all(c.offset == len(cache.tokens) - 1 for c in cache.drafter)
+        assert cache.drafter_rows == len(cache.tokens) - 1 and all(c.offset == cache.drafter[0].offset for c in cache.drafter)
     # Continue sequence 1 from its caches (a next turn): as a fresh run over the whole history.
     cache = seqs[1].cache
     del cache.tokens[len(requests[1]["prompt"]) + len(got[1]):]
     cache.truncate(len(cache.tokens))
+    # Its last rows wait unread (nothing ran them through the drafter when it left); run
+    # in, the drafter holds what reading the whole history at once gives it.
+    assert cache.unread is not None and cache.drafter_rows == len(cache.tokens) - 1
+    cache.catch_up(pair.drafter)
+    read = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
+    prefill(mx.array(cache.tokens[:-1], dtype=mx.int32), pair, read, STEP)
+    for a, b in zip(cache.drafter, read.drafter):
+        assert a.offset == b.offset == len(cache.tokens) - 1
+        assert mx.allclose(a.state[0][..., : a.offset, :], b.state[0][..., : b.offset, :], atol=1e-4).item()
     turn = [cache.tokens[-1], 5, 9, 2]
     history = cache.tokens[:-1] + turn
     cont = [t for s in generate_step(turn, pair, max_tokens=10, prompt_cache=cache) for t in s.tokens]

@@ -154,7 +154,7 @@ def test_engine_contract_second_turn_stop_inside_a_block(pair):
                                             prompt_cache=cache, stop=[stop])]
     assert out == full[: len(out)] and len(out) < 30
     assert cache.tokens == [5, 9, 13, 2] + first + turn2[1:] + out
-    assert cache.offset == cache.drafter[0].offset == len(cache.tokens) - 1
+    assert cache.offset == cache.drafter_rows == len(cache.tokens) - 1
 
 
 # -- interruption ------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ def test_second_turn_equals_fresh_run(use_drafter):
     assert cache.tokens == turn1 + out1
     assert cache.offset == len(cache.tokens) - 1
     if drafter:
-        assert cache.drafter[0].offset == cache.offset
+        assert cache.drafter_rows == cache.offset  # read, or waiting unread (DecodeCache.unread)
     # Next turn: the last answer token (not yet run) plus the new user tokens.
     turn2 = [out1[-1], 40, 41, 42]
     out2, last2 = run(target, tokenizer, turn2, drafter, cache, max_tokens=20, block_size=8)
@@ -43,4 +43,4 @@ def test_stop_inside_a_block_rewinds_the_cache():
     out, last = run(target, tokenizer, ids, drafter, cache, max_tokens=30, stop=[stop_text])
     assert last.finish_reason == "stop" and len(out) < 30
     assert cache.tokens == ids + out
-    assert cache.offset == cache.drafter[0].offset == len(cache.tokens) - 1
+    assert cache.offset == cache.drafter_rows == len(cache.tokens) - 1

@@ -364,3 +364,29 @@ def test_a_disk_only_restart_tells_prompts_apart_that_share_only_a_later_block(p
     assert out == cold[1] and reuse.tokens == 0
     again = [answer(pair, tok, ids, PromptCache(pair, disk)) for ids in asks]
     assert [g[0] for g in again] == cold and all(g[1].disk == 2 * S for g in again)
+
+
+def test_blocks_of_a_run_that_left_rows_unread_hold_what_reading_it_gives_the_drafter(pairs):
+    """A plain run leaves its last rows unread by the drafter (DecodeCache.unread);
+    keeping them in blocks runs them in first, so a prompt restored from the
+    blocks drafts from the rows reading the conversation at once would give."""
+    import mlx.core as mx
+    from dflash2_mlx.engine.decode.loop import DecodeCache, generate_step, prefill
+    from dflash2_mlx.engine.decode.state import FixedBlock
+
+    pair, tok = pairs["qwen3"]
+    pcache = PromptCache(pair, CacheSettings(block_tokens=S))
+    ids = SYSTEM[:20]
+    cache, prompt, _ = pcache.prepare(ids)
+    out = [t for s in generate_step(prompt, pair, max_tokens=30, policy=FixedBlock(1), prompt_cache=cache)
+           for t in s.tokens]  # plain steps
+    assert cache.unread is not None and cache.drafter[0].offset < 3 * S  # the premise: blocks 1, 2 unread
+    pcache.put(cache)
+    pcache.live.clear()  # from the blocks, not the tail
+    restored, reuse = pcache.take(ids + out + [5])
+    assert reuse.tokens == 3 * S
+    read = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
+    prefill(mx.array((ids + out)[: 3 * S], dtype=mx.int32), pair, read)
+    for a, b in zip(restored.drafter, read.drafter):
+        assert a.offset == b.offset == 3 * S
+        assert mx.allclose(a.state[0][..., : a.offset, :], b.state[0][..., : b.offset, :], atol=1e-4).item()

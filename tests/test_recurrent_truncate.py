@@ -38,7 +38,7 @@ def test_truncate_inside_the_last_block_replays_instead_of_going_stale(qwen3_5):
     cache.truncate(cut)
     assert not cache.stale
     assert cache.tokens == PROMPT + reference[:4]
-    assert cache.offset == cache.drafter[0].offset == cut - 1
+    assert cache.offset == cache.drafter_rows == cut - 1
     # The next turn continues from the cache exactly as a fresh run over everything.
     turn2 = [40, 41, 42]
     fresh = ar_tokens(target, PROMPT + reference[:4] + turn2, 12)
@@ -66,7 +66,7 @@ def test_stop_string_inside_a_block_then_next_turn_prefills_only_new_tokens(qwen
     out = [r.token for r in stream_generate(Pair.make(target, scripted), tokenizer, PROMPT, max_tokens=40,
                                             block_size=B, prompt_cache=cache, stop=[stop])]
     assert out == reference[: len(out)] and 1 < len(out) < 1 + B  # stopped inside the first verified block
-    assert not cache.stale and cache.offset == cache.drafter[0].offset == len(cache.tokens) - 1
+    assert not cache.stale and cache.offset == cache.drafter_rows == len(cache.tokens) - 1
     turn2 = [out[-1], 40, 41, 42]
     rs = list(stream_generate(Pair.make(target, drafter), tokenizer, turn2, max_tokens=12, block_size=B,
                               prompt_cache=cache))

@@ -386,14 +386,15 @@ class EngineService:
 
 
 def _at_rest(cache: DecodeCache) -> bool:
-    """Both caches hold every committed token but the last (the invariant a
-    continuing request relies on); anything else is dropped, not reused."""
+    """Both caches hold every committed token but the last, the drafter's unread
+    rows counted (the invariant a continuing request relies on); anything else
+    is dropped, not reused."""
     if cache.stale or not cache.tokens:
         return False
     want = len(cache.tokens) - 1
-    for layers in (cache.target, cache.drafter):
+    unread = 0 if cache.unread is None else cache.unread.shape[1]
+    for layers, rows in ((cache.target, want), (cache.drafter, want - unread)):
         for c in layers or []:
-            offset = getattr(c, "offset", want)
-            if offset != want:
+            if getattr(c, "offset", rows) != rows:
                 return False
     return True

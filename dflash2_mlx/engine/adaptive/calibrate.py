@@ -109,7 +109,7 @@ def _pass_times(pair: Pair, prompt_ids, policy, passes: int, profiler=None,
     if prompt_cache is not None:
         prompt_ids = prompt_cache.tokens[-1:]
         prompt_cache = DecodeCache(copy.deepcopy(prompt_cache.target), copy.deepcopy(prompt_cache.drafter),
-                                   list(prompt_cache.tokens))
+                                   list(prompt_cache.tokens), unread=prompt_cache.unread)
     gen = speculative_generate_step(prompt_ids, pair, max_tokens=passes * pair.max_block_size + 8,
                                     policy=policy, profiler=profiler, prompt_cache=prompt_cache)
     try:
@@ -145,6 +145,7 @@ def _read_prompt(pair: Pair, prompt_ids: Sequence[int]) -> DecodeCache:
     cache = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
     for _ in speculative_generate_step(prompt_ids, pair, max_tokens=1, policy=FixedBlock(1), prompt_cache=cache):
         pass
+    cache.catch_up(pair.drafter)  # its copies get rows written straight into the drafter cache
     return cache
 
 

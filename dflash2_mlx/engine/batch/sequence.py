@@ -129,8 +129,9 @@ class BatchSequence:
         return sub, None
 
     def close(self) -> None:
-        """Leave the caches at rest (the drafter level with the target), as the loop does when closed."""
+        """Leave the caches at rest (the rows the drafter has not read wait in the
+        cache), as the loop does when closed."""
         self.finished = True
         self._chunks.close()
         if self.pair.drafter is not None and self.anchor is not None:
-            self.pending.flush(self.pair.drafter, self.cache, wait=True)
+            self.pending.leave_unread(self.cache)

@@ -103,10 +103,10 @@ def generate_step(
     finally:
         if plain is not None:  # closed early: undo the look-ahead row
             plain.cancel(pair, cache)
-        # Leave the drafter cache level with the target cache (both hold every
-        # committed token but the last), so a later call can continue from it.
+        # The target cache holds every committed token but the last; the rows the
+        # drafter has not read wait in the cache (a later call catches it up first).
         if drafter is not None:
-            pending.flush(drafter, cache, wait=True)
+            pending.leave_unread(cache)
 
 
 def row_rule(grammar, processors, top_logprobs) -> Optional[RowRule]:
@@ -201,6 +201,8 @@ def prefill_chunks(prompt: mx.array, pair: Pair, cache: DecodeCache, prefill_ste
         prompt_progress_callback(0, total)
     ends = [*range(step, total - 1, step), total - 1, total]
     start = 0
+    if drafter is not None:  # rows an earlier run left unread enter the drafter before the prompt's
+        cache.catch_up(drafter)
     for end in ends[1:] if total == 1 else ends:
         logits, features = target(prompt[start:end][None], cache.target, pair.layer_ids, last_logits_only=True)
         if drafter is not None:

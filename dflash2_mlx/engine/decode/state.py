@@ -114,8 +114,13 @@ class FixedBlock:
 class DecodeCache:
     """Target and drafter caches that persist across calls (multi-turn chat).
 
-    At rest both hold every committed token except the last one, which the
-    next call must pass as the first token of its prompt.
+    At rest the target cache holds every committed token except the last one,
+    which the next call must pass as the first token of its prompt. The drafter
+    cache may lag it: the target features of the rows it has not read wait in
+    `unread` (drafter offset + unread rows = target offset), because running
+    plain-decoded rows through the drafter is a pass nobody needs unless
+    someone drafts from them. `catch_up` runs them in; whatever continues or
+    stores the drafter cache does that first.
     """
 
     target: list
@@ -125,10 +130,38 @@ class DecodeCache:
     stale: bool = False
     # The last verify block of a recurrent target, so `truncate` can rewind into it.
     last_verify: Optional[LastVerify] = None
+    # Target features [1, n, F] of the last n target rows the drafter cache has not read.
+    unread: Optional[mx.array] = None
 
     @property
     def offset(self) -> int:
         return self.target[0].offset if self.target else 0
+
+    @property
+    def drafter_rows(self) -> int:
+        """Rows the drafter holds or has waiting in `unread` (the target's offset at rest)."""
+        if not self.drafter:
+            return 0
+        return self.drafter[0].offset + (0 if self.unread is None else self.unread.shape[1])
+
+    def hold_unread(self, features: Optional[mx.array]) -> None:
+        """Keep `features` [1, n, F] (of the rows just after the unread ones) for the drafter."""
+        if features is not None:
+            self.unread = features if self.unread is None else mx.concatenate([self.unread, features], axis=1)
+            mx.async_eval(self.unread)  # one buffer of its own, not the passes' it was cut from
+
+    def cut_unread(self, rows: int) -> None:
+        """Forget the unread rows past the first `rows` rows of the context."""
+        if self.unread is not None:
+            read = self.drafter[0].offset
+            self.unread = self.unread[:, : rows - read] if rows > read else None
+
+    def catch_up(self, drafter) -> None:
+        """Run the unread rows into the drafter cache (and wait for them)."""
+        features, self.unread = self.unread, None
+        if features is not None and drafter is not None:
+            drafter.append_context(features, self.drafter)
+            mx.eval([c.state for c in self.drafter])
 
     def check_continuation(self, prompt: mx.array) -> None:
         """Raise unless `prompt` can continue from this cache."""
@@ -163,6 +196,7 @@ class DecodeCache:
             return
         del self.tokens[n_tokens:]
         keep = max(n_tokens - 1, 0)
+        self.cut_unread(keep)  # the last rows: cut there first, the drafter's own rows after
         if self.last_verify is not None and not can_trim_prompt_cache(self.target):
             # Recurrent layers: replay the rows of the last verified block that stay
             # (nothing happens when the cut is not inside that block).
@@ -209,14 +243,14 @@ class PendingFeatures:
             return None
         return chunks[0] if len(chunks) == 1 else mx.concatenate(chunks, axis=1)
 
-    def flush(self, drafter, cache: DecodeCache, wait: bool = False) -> None:
+    def leave_unread(self, cache: DecodeCache) -> None:
+        """At the end of a run: the pending rows wait in `cache.unread` (nothing runs now)."""
+        cache.hold_unread(self.take())
+
+    def flush(self, drafter, cache: DecodeCache) -> None:
         """Push the pending rows into the drafter cache."""
         features = self.take()
         if features is None:
             return
         drafter.append_context(features, cache.drafter)
-        states = [c.state for c in cache.drafter]
-        if wait:
-            mx.eval(states)
-        else:
-            mx.async_eval(states)
+        mx.async_eval([c.state for c in cache.drafter])

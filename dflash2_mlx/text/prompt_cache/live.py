@@ -15,7 +15,7 @@ from ...engine.decode.loop import DecodeCache
 
 def cache_nbytes(cache: DecodeCache) -> int:
     """Bytes the entry's caches hold (allocated, not just the filled rows)."""
-    total = 0
+    total = 0 if cache.unread is None else cache.unread.nbytes
     for layers in (cache.target, cache.drafter):
         for c in layers or []:
             n = getattr(c, "nbytes", 0)

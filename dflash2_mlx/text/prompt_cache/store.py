@@ -244,7 +244,7 @@ class PromptCache:
         if cache.stale or not cache.tokens:
             return
         ran = len(cache.tokens) - 1
-        if any(l.offset != ran for l in layers_of(cache)):
+        if any(l.offset != ran for l in cache.target) or (cache.drafter and cache.drafter_rows != ran):
             return
         ids = cache.tokens
         keys = block_keys(self.fingerprint, ids[:ran], self.S)
@@ -267,6 +267,8 @@ class PromptCache:
             return
         if key in self.pending:
             return
+        if cache.unread is not None and cache.drafter[0].offset < end:  # a block keeps drafter rows: run them in
+            cache.catch_up(self.pair.drafter)
         try:
             parts = capture(cache, start, end, entry)
         except NotStorable as e:
