@@ -20,7 +20,11 @@ client count: that many streaming clients at once, each sending `--requests` cha
 (T = 0, no seed: mlx_lm.server does not batch seeded requests) with the built-in suite
 prompts, each client starting at a different prompt. Arms run one after the other, never at
 the same time (they would share the cores); a shared machine's other work shows as differences
-between repeats, so the JSON keeps each repeat's tokens/s. Prompt caches stay on (every
+between repeats, so the JSON keeps each repeat's tokens/s. `--interleave` starts every arm's
+server at once (each repeat, fresh) and runs the arms' phases in turn at each client count, the
+order reversed every other phase: still one arm at a time, but phases compared seconds apart
+rather than minutes (on this project's 2-core machine the sequential order's drift between arms
+was as large as the differences measured). Prompt caches stay on (every
 server's default), so a prompt seen at an earlier client count prefills from the cache in
 every arm alike.
 
@@ -206,33 +210,68 @@ def summarise(name: str, clients: int, phases: list[tuple[float, list[dict]]]) -
     }
 
 
-def run_arm(name: str, args, has_max_batch: bool, reference: dict) -> tuple[str, dict]:
-    """One fresh server, every client count in turn: (its command, client count -> (wall, rows)).
-    `reference` (prompt -> text) is filled by the first arm run and read by the others for parity."""
+def start_arm(name: str, args, has_max_batch: bool) -> tuple[str, subprocess.Popen, str, str]:
+    """A fresh server of one arm, warmed up: (its command line, process, url, model name)."""
     command, flags, model = arm_command(name, args, has_max_batch)
     proc, url = start_server(flags, command)
-    phases = {}
     try:
         stream_chat(url, [{"role": "user", "content": "Hello."}], 4, model)  # warm-up: loading, first calls
-        for clients in args.clients:
-            wall, rows = concurrent_phase(url, model, clients, args)
-            for r in rows:
-                r["parity"] = r["text"] == reference.setdefault(r["prompt"], r["text"])
-            phases[clients] = (wall, rows)
+    except BaseException:
+        stop_server(proc)
+        raise
+    return shlex.join(["python", *command[1:], *flags]), proc, url, model
+
+
+def run_phase(url: str, model: str, clients: int, args, reference: dict) -> tuple[float, list[dict]]:
+    """One concurrent phase; `reference` (prompt -> text), filled by the first arm run, gives parity."""
+    wall, rows = concurrent_phase(url, model, clients, args)
+    for r in rows:
+        r["parity"] = r["text"] == reference.setdefault(r["prompt"], r["text"])
+    return wall, rows
+
+
+def run_arm(name: str, args, has_max_batch: bool, reference: dict) -> tuple[str, dict]:
+    """One fresh server, every client count in turn: (its command, client count -> (wall, rows))."""
+    command, proc, url, model = start_arm(name, args, has_max_batch)
+    try:
+        return command, {clients: run_phase(url, model, clients, args, reference) for clients in args.clients}
     finally:
         stop_server(proc)
-    return shlex.join(["python", *command[1:], *flags]), phases
+
+
+def run_repeat_interleaved(rep: int, args, has_max_batch: bool, reference: dict) -> dict:
+    """`--interleave`: a fresh server of every arm at once (idle but one), and at each client count
+    every arm's phase in turn, the order reversed at every other phase: arms compared minutes apart
+    see a shared machine's drift, phases seconds apart far less. name -> (command, clients -> phase)."""
+    servers, done = {}, {}
+    try:
+        for name in args.arms:
+            servers[name] = start_arm(name, args, has_max_batch)
+        for k, clients in enumerate(args.clients):
+            for name in (args.arms if (rep + k) % 2 == 0 else args.arms[::-1]):
+                _, _, url, model = servers[name]
+                done.setdefault(name, (servers[name][0], {}))[1][clients] = run_phase(url, model, clients, args,
+                                                                                      reference)
+    finally:
+        for _, proc, _, _ in servers.values():
+            stop_server(proc)
+    return done
 
 
 def run_all(args, has_max_batch: bool) -> tuple[list[dict], list[dict], dict]:
     """Every arm, `--repeats` times, in the given order then reversed, alternately (a machine
-    that slows down over the run does not favour one arm). (arms, requests, reference texts)."""
+    that slows down over the run does not favour one arm); with `--interleave`, every arm's
+    servers at once and their phases in turn. (arms, requests, reference texts)."""
     reference, commands = {}, {}
     phases = {(a, c): [] for a in args.arms for c in args.clients}
     requests = []
     for rep in range(args.repeats):
-        for name in (args.arms if rep % 2 == 0 else args.arms[::-1]):
-            commands[name], done = run_arm(name, args, has_max_batch, reference)
+        if args.interleave:
+            runs = run_repeat_interleaved(rep, args, has_max_batch, reference).items()
+        else:
+            runs = ((name, run_arm(name, args, has_max_batch, reference))
+                    for name in (args.arms if rep % 2 == 0 else args.arms[::-1]))
+        for name, (commands[name], done) in runs:
             for clients, (wall, rows) in done.items():
                 phases[name, clients].append((wall, rows))
                 requests += [{"arm": name, "repeat": rep, "clients": clients, "client": r["client"],
@@ -290,6 +329,9 @@ def parse_args(argv=None):
     p.add_argument("--serve-flags", default="", help="more flags for every dflash2 arm, e.g. --serve-flags='--block-size 4'")
     p.add_argument("--arm-flags", action="append", default=[], metavar="ARM=FLAGS",
                    help="replace one arm's own flags (repeatable), e.g. 'serial=--ar --max-batch 1'")
+    p.add_argument("--interleave", action="store_true",
+                   help="every arm's server up at once (each repeat), their phases in turn at each client count "
+                        "(all arms' models in memory together)")
     p.add_argument("--smoke", action="store_true", help="1 client, 1 request, 4 tokens (the test's run)")
     p.add_argument("--json", type=Path, help="write the result here")
     args = p.parse_args(argv)
@@ -330,7 +372,7 @@ def main(argv=None) -> None:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "backend": backend_name(),
         "machine": platform.machine(), "mlx": mx.__version__, "model": args.model,
         "clients": args.clients, "requests_per_client": args.requests, "max_tokens": args.max_tokens,
-        "repeats": args.repeats, "serve_flags": args.serve_flags, "arm_flags": args.arm_flags,
+        "repeats": args.repeats, "interleave": args.interleave, "serve_flags": args.serve_flags, "arm_flags": args.arm_flags,
         "cpus": os.cpu_count(), "load_average_1m": {"before": load_before[0], "after": os.getloadavg()[0]},
         "temperature": 0, "dflash2_serve_batches": has_max_batch,
         "note": None if has_max_batch else "this dflash2 serve has no --max-batch: it serves one request at a "

@@ -80,15 +80,17 @@ def test_plain_rows_reach_the_drafter_cache_before_the_next_draft(pair):
         assert mx.allclose(ka, kb, atol=1e-5).item()
 
 
-def test_a_next_turn_runs_the_unread_rows_in_before_its_prompt(pair):
-    # A plain run leaves its rows unread; the next turn's prompt enters the drafter
-    # after them, so it holds what reading the whole conversation at once gives it.
+def test_a_next_turn_reads_its_prompt_after_the_rows_left_unread(pair):
+    # A plain run leaves its rows unread; the next turn's prompt rows follow them,
+    # so once read the drafter holds what reading the whole conversation at once gives it.
     cache = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
     list(speculative_generate_step(PROMPT, pair, max_tokens=20, policy=Schedule([1]), prompt_cache=cache))
     assert cache.unread is not None  # the premise
     list(speculative_generate_step([cache.tokens[-1], 5, 9, 2], pair, max_tokens=1, prompt_cache=cache))
     read = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
     prefill(mx.array(cache.tokens[:-1], dtype=mx.int32), pair, read)
+    for c in (cache, read):
+        c.catch_up(pair.drafter)
     for a, b in zip(cache.drafter, read.drafter):
         assert a.offset == b.offset == len(cache.tokens) - 1
         assert mx.allclose(a.state[0][..., : a.offset, :], b.state[0][..., : b.offset, :], atol=1e-4).item()

@@ -60,3 +60,26 @@ def test_ratios_are_per_client_count():
     assert (d4["x_mlx_lm"], d4["x_best_dflash2"]) == (0.5, 1.0)
     assert arms[2]["runs"][1]["x_best_dflash2"] == 2.0  # mlx_lm over the best dflash2 arm
     assert serve.quantile([5, 1, 4, 2, 3], 0.9) == 5 and serve.quantile([], 0.9) is None
+
+
+def test_interleave_runs_every_arms_phase_in_turn_at_each_client_count(monkeypatch):
+    """`--interleave`: each repeat starts every arm's server, then at each client count runs
+    every arm's phase back to back, the order reversed every other phase; servers stop last."""
+    events = []
+    monkeypatch.setattr(serve, "start_arm", lambda name, args, has: events.append(("start", name)) or
+                        (f"cmd {name}", name, f"url-{name}", "m"))
+    monkeypatch.setattr(serve, "run_phase", lambda url, model, clients, args, ref: events.append(
+        ("phase", url[4:], clients)) or (1.0, [{"usage": {"completion_tokens": 4}, "client": 0, "prompt": 0,
+                                               "ttft_s": 0.1, "latency_s": 0.2, "arrivals_s": [0.1],
+                                               "parity": True}]))
+    monkeypatch.setattr(serve, "stop_server", lambda proc: events.append(("stop", proc)))
+    args = serve.parse_args(["--clients", "1,4", "--repeats", "2", "--arms", "dflash2,ar,mlx_lm", "--interleave"])
+    arms, requests, _ = serve.run_all(args, True)
+    phases = [e[1:] for e in events if e[0] == "phase"]
+    assert phases == [("dflash2", 1), ("ar", 1), ("mlx_lm", 1), ("mlx_lm", 4), ("ar", 4), ("dflash2", 4),
+                      ("mlx_lm", 1), ("ar", 1), ("dflash2", 1), ("dflash2", 4), ("ar", 4), ("mlx_lm", 4)]
+    first, second = events[: len(events) // 2], events[len(events) // 2:]
+    for half in (first, second):  # every server up before the first phase, all stopped after the last
+        assert [e[0] for e in half] == ["start"] * 3 + ["phase"] * 6 + ["stop"] * 3
+    assert [a["arm"] for a in arms] == ["dflash2", "ar", "mlx_lm"]
+    assert all(run["repeats"] == 2 for a in arms for run in a["runs"]) and len(requests) == 12

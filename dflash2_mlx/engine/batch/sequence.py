@@ -56,7 +56,7 @@ class BatchSequence:
         self.rule = row_rule(settings.grammar, tuple(settings.logits_processors), settings.top_logprobs)
         self.grammar = settings.grammar
         self.key, self._prefill_key = split_key(make_key(self.sampling))
-        self.pending = PendingFeatures()
+        self.pending = PendingFeatures()  # its prompt's rows join when its prefill ends
         self.left = settings.max_tokens
         self.anchor: Optional[int] = None
         self.choice = None  # the next cycle's block, decided by its own policy (None: the batch's)
@@ -80,6 +80,7 @@ class BatchSequence:
             return None
         except StopIteration as done:
             last = done.value
+        self.pending = PendingFeatures.taking_over(self.cache)
         self.cache.record_prompt(self.prompt)
         row = last if self.rule is None else self.rule.plain(last, self.cache.tokens)
         token = self.sample(row, self._prefill_key).item()

@@ -67,7 +67,7 @@ def generate_step(
     last = prefill(prompt, pair, cache, prefill_step_size, prompt_progress_callback)
     cache.record_prompt(prompt)
     plain = PlainStep.sampled(last, cache, sample, sub, rule, rows=0)
-    pending, left, choice, anchor = PendingFeatures(), max_tokens, None, None
+    pending, left, choice, anchor = PendingFeatures.taking_over(cache), max_tokens, None, None
     try:
         while True:
             if plain is not None:
@@ -170,8 +170,8 @@ def autoregressive_generate_step(
 
 def prefill(prompt: mx.array, pair: Pair, cache: DecodeCache, prefill_step_size: Optional[int] = None,
             prompt_progress_callback: Optional[Callable[[int, int], None]] = None) -> mx.array:
-    """Run the whole prompt through the target (and its features into the drafter
-    cache); return the last row's logits [V]. `prefill_chunks`, run to its end."""
+    """Run the whole prompt through the target (its features left for the drafter,
+    `DecodeCache.unread`); return the last row's logits [V]. `prefill_chunks`, run to its end."""
     chunks = prefill_chunks(prompt, pair, cache, prefill_step_size, prompt_progress_callback)
     while True:
         try:
@@ -183,8 +183,8 @@ def prefill(prompt: mx.array, pair: Pair, cache: DecodeCache, prefill_step_size:
 def prefill_chunks(prompt: mx.array, pair: Pair, cache: DecodeCache, prefill_step_size: Optional[int] = None,
                    prompt_progress_callback: Optional[Callable[[int, int], None]] = None
                    ) -> Generator[int, None, mx.array]:
-    """Run the prompt through the target (and its features into the drafter
-    cache) chunk by chunk, yielding the tokens run so far after each chunk (a
+    """Run the prompt through the target (its features left for the drafter,
+    `DecodeCache.unread`) chunk by chunk, yielding the tokens run so far after each chunk (a
     batch interleaves other sequences' cycles there); return the last row's logits [V].
     As mlx-lm: all tokens but the last in chunks of which only the caches are
     evaluated (so the last layer's MLP and the head never run on their rows),
@@ -201,14 +201,14 @@ def prefill_chunks(prompt: mx.array, pair: Pair, cache: DecodeCache, prefill_ste
         prompt_progress_callback(0, total)
     ends = [*range(step, total - 1, step), total - 1, total]
     start = 0
-    if drafter is not None:  # rows an earlier run left unread enter the drafter before the prompt's
-        cache.catch_up(drafter)
     for end in ends[1:] if total == 1 else ends:
         logits, features = target(prompt[start:end][None], cache.target, pair.layer_ids, last_logits_only=True)
-        if drafter is not None:
-            drafter.append_context(features, cache.drafter)
-            mx.eval([c.state for c in cache.drafter])
-        mx.eval([c.state for c in cache.target], logits if split else [])
+        # The prompt's features wait unread, after any an earlier run left: the drafter
+        # reads them when someone drafts (or past FLUSH_ROWS rows, which bounds their memory).
+        cache.hold_unread(features if drafter is not None else None)
+        mx.eval([c.state for c in cache.target], [] if cache.unread is None else cache.unread, logits if split else [])
+        if cache.unread is not None and cache.unread.shape[1] >= FLUSH_ROWS:
+            cache.catch_up(drafter)
         mx.clear_cache()  # as mlx-lm: a chunk's freed buffers must not pile up into the next one's peak
         if prompt_progress_callback is not None and end != total - 1:  # the last token follows at once
             prompt_progress_callback(end, total)

@@ -145,10 +145,10 @@ class DecodeCache:
         return self.drafter[0].offset + (0 if self.unread is None else self.unread.shape[1])
 
     def hold_unread(self, features: Optional[mx.array]) -> None:
-        """Keep `features` [1, n, F] (of the rows just after the unread ones) for the drafter."""
+        """Keep `features` [1, n, F] (of the rows just after the unread ones) for the drafter
+        (lazy: whoever holds it evaluates it, so it keeps no pass's graph)."""
         if features is not None:
             self.unread = features if self.unread is None else mx.concatenate([self.unread, features], axis=1)
-            mx.async_eval(self.unread)  # one buffer of its own, not the passes' it was cut from
 
     def cut_unread(self, rows: int) -> None:
         """Forget the unread rows past the first `rows` rows of the context."""
@@ -231,6 +231,14 @@ class PendingFeatures:
         self._chunks: list[mx.array] = []
         self.rows = 0  # counted as they come, not summed per token
 
+    @classmethod
+    def taking_over(cls, cache: DecodeCache) -> "PendingFeatures":
+        """The rows `cache` holds unread (a prompt's, an earlier run's) as the first pending ones."""
+        pending = cls()
+        pending.add(cache.unread)
+        cache.unread = None
+        return pending
+
     def add(self, features: Optional[mx.array]) -> None:
         if features is not None:
             self._chunks.append(features)
@@ -246,6 +254,8 @@ class PendingFeatures:
     def leave_unread(self, cache: DecodeCache) -> None:
         """At the end of a run: the pending rows wait in `cache.unread` (nothing runs now)."""
         cache.hold_unread(self.take())
+        if cache.unread is not None:
+            mx.async_eval(cache.unread)  # one buffer of its own, not the passes' it was cut from
 
     def flush(self, drafter, cache: DecodeCache) -> None:
         """Push the pending rows into the drafter cache."""
