@@ -283,8 +283,8 @@ class ChatSession:
             self.cache = self._new_cache()
             return "the caches could not be rewound to the end of this answer; the next turn reads the conversation again"
         keep = max(len(cache.tokens) - 1, 0)
-        cache.cut_unread(keep)  # a drafter that lags: then the rows it has not read,
-        cache.catch_up(self.drafter)  # run in now (the next turn would first anyway)
+        cache.cut_unread(keep)  # the rows the drafter has not read: cut with the tokens,
+        cache.catch_up(self.drafter)  # then read now, so the checks below see level caches
         for layers in (cache.target, cache.drafter):
             for c in layers or []:
                 offset = getattr(c, "offset", keep)
