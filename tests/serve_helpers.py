@@ -22,7 +22,11 @@ class Server:
     def __init__(self, *args: str, tmp: Path, wait: bool = True, port: int = None, launcher: list = None):
         self.port = port or free_port()  # a port given: a restart where the last server was
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(tmp / f"serve-{self.port}.log", "w+")
+        # Appending: the server shares this file's offset, and `output()` seeks it to 0; with "w+" a
+        # line the server wrote just then landed at the start, over its first lines.
+        path = tmp / f"serve-{self.port}.log"
+        path.write_text("")  # a restart on the same port starts a new log, as before
+        self.log = open(path, "a+")
         # `launcher`: what runs the CLI instead of `python -m dflash2_mlx.cli` (tests/faulty_serve.py)
         self.proc = subprocess.Popen(
             [*(launcher or [sys.executable, "-m", "dflash2_mlx.cli"]), "serve", "--port", str(self.port), *args],
