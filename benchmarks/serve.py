@@ -243,15 +243,15 @@ def run_repeat_interleaved(rep: int, args, has_max_batch: bool, reference: dict)
     """`--interleave`: a fresh server of every arm at once (idle but one), and at each client count
     every arm's phase in turn, the order reversed at every other phase: arms compared minutes apart
     see a shared machine's drift, phases seconds apart far less. name -> (command, clients -> phase)."""
-    servers, done = {}, {}
+    servers = {}
     try:
         for name in args.arms:
             servers[name] = start_arm(name, args, has_max_batch)
+        done = {name: (command, {}) for name, (command, _, _, _) in servers.items()}
         for k, clients in enumerate(args.clients):
             for name in (args.arms if (rep + k) % 2 == 0 else args.arms[::-1]):
                 _, _, url, model = servers[name]
-                done.setdefault(name, (servers[name][0], {}))[1][clients] = run_phase(url, model, clients, args,
-                                                                                      reference)
+                done[name][1][clients] = run_phase(url, model, clients, args, reference)
     finally:
         for _, proc, _, _ in servers.values():
             stop_server(proc)
@@ -372,7 +372,8 @@ def main(argv=None) -> None:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "backend": backend_name(),
         "machine": platform.machine(), "mlx": mx.__version__, "model": args.model,
         "clients": args.clients, "requests_per_client": args.requests, "max_tokens": args.max_tokens,
-        "repeats": args.repeats, "interleave": args.interleave, "serve_flags": args.serve_flags, "arm_flags": args.arm_flags,
+        "repeats": args.repeats, "interleave": args.interleave, "serve_flags": args.serve_flags,
+        "arm_flags": args.arm_flags,
         "cpus": os.cpu_count(), "load_average_1m": {"before": load_before[0], "after": os.getloadavg()[0]},
         "temperature": 0, "dflash2_serve_batches": has_max_batch,
         "note": None if has_max_batch else "this dflash2 serve has no --max-batch: it serves one request at a "

@@ -173,7 +173,7 @@ class BatchRunner:
             if r.seq is not None:  # None: cancelled while its prompt's blocks still ran
                 self.decoder.remove(r.seq)
                 r.cache.truncate(r.plan.history + len(r.plan.ids) + r.n)  # tokens past a stop were never returned
-            if service.at_rest(r.cache):
+            if r.cache.at_rest:
                 service.pool.put(r.cache)
             batch = r.seq.largest_batch if r.seq is not None else 1
             service.report(r.job, r.ids, r.reuse, r.n, r.last, cancelled, batch=batch)

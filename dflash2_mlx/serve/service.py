@@ -29,7 +29,6 @@ import mlx.core as mx
 
 from ..engine.batch.memory import default_max_batch
 from ..engine.batch.passes import batch_blocker
-from ..engine.decode.loop import DecodeCache
 from ..engine.pair import Pair
 from ..engine.tree.cycle import check_tree_rows
 from ..errors import DFlashError, PromptTooLongError
@@ -208,10 +207,6 @@ class EngineService:
             self._busy = False
             self.job_done()
 
-    @staticmethod
-    def at_rest(cache: DecodeCache) -> bool:
-        return _at_rest(cache)
-
     # -- the worker thread ------------------------------------------------------------
     def _main(self) -> None:
         try:
@@ -380,21 +375,7 @@ class EngineService:
             responses.close()  # rewinds the caches to the tokens returned
             if self.on_busy is not None:
                 self.on_busy(False)
-        if _at_rest(cache):
+        if cache.at_rest:
             self.pool.put(cache)
         return ids, reuse, n, last, cancelled
 
-
-def _at_rest(cache: DecodeCache) -> bool:
-    """Both caches hold every committed token but the last, the drafter's unread
-    rows counted (the invariant a continuing request relies on); anything else
-    is dropped, not reused."""
-    if cache.stale or not cache.tokens:
-        return False
-    want = len(cache.tokens) - 1
-    unread = 0 if cache.unread is None else cache.unread.shape[1]
-    for layers, rows in ((cache.target, want), (cache.drafter, want - unread)):
-        for c in layers or []:
-            if getattr(c, "offset", rows) != rows:
-                return False
-    return True

@@ -144,6 +144,20 @@ class DecodeCache:
             return 0
         return self.drafter[0].offset + (0 if self.unread is None else self.unread.shape[1])
 
+    @property
+    def at_rest(self) -> bool:
+        """Both caches hold every committed token but the last, the drafter's unread rows
+        counted: the state a continuing call relies on (anything else is not reused)."""
+        if self.stale or not self.tokens:
+            return False
+        want = len(self.tokens) - 1
+        unread = 0 if self.unread is None else self.unread.shape[1]
+        for layers, rows in ((self.target, want), (self.drafter, want - unread)):
+            for c in layers or []:
+                if getattr(c, "offset", rows) != rows:
+                    return False
+        return True
+
     def hold_unread(self, features: Optional[mx.array]) -> None:
         """Keep `features` [1, n, F] (of the rows just after the unread ones) for the drafter
         (lazy: whoever holds it evaluates it, so it keeps no pass's graph)."""

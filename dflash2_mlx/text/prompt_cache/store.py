@@ -241,11 +241,9 @@ class PromptCache:
         rows can give earlier blocks, so others give only the block ending
         where the caches stand (with its snapshot)."""
         self._collect()
-        if cache.stale or not cache.tokens:
+        if not cache.at_rest:
             return
         ran = len(cache.tokens) - 1
-        if any(l.offset != ran for l in cache.target) or (cache.drafter and cache.drafter_rows != ran):
-            return
         ids = cache.tokens
         keys = block_keys(self.fingerprint, ids[:ran], self.S)
         rows_only = all(map(cuts_into_rows, layers_of(cache)))
