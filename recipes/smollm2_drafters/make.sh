@@ -1,50 +1,92 @@
 #!/usr/bin/env bash
-# SmolLM2-135M-Instruct's drafters, end to end (rerunnable; every step resumes or skips what is done):
-#   1. instruction prompts assembled offline (prompts.py: code, chat, maths; held-out topics apart);
-#   2. SmolLM2 answers them itself (make_data.py, 2 shards in parallel, one per core), the first
-#      LIMIT prompts of each shard;
-#   3. DFlash 2 and the DFlash (v1) baseline trained by `dflash2 train` with the same backbone,
-#      data and steps (--processes 2: two ring ranks), sharing one --feature-store: the frozen
-#      target's features of each sequence are computed once, in DFlash 2's first epoch;
-#   4. both quantized to 8 bits and installed into dflash2_mlx/builtin/smollm2-{dflash2,dflash} with a
-#      TRAINING.md each.
-# Knobs (environment): STEPS, LR, LAYERS, TARGET_LAYERS, BLOCK, BATCH, SEQ, BPS (blocks per
-# sequence), RANK (selector rank: 32 keeps the 49k-row codebooks, and the file, under 20 MB), LIMIT.
-# BLAS_SHIM=1 (default here) routes MLX's CPU matmuls to numpy's OpenBLAS (recipes/blas_shim).
-# STAGES (default data,drafters,install): add `ablations` for the seed's two ablation drafters,
-# DFlash + selector (--train no-conv) and DFlash + conv (--train no-selector), same data and steps,
-# into $RUN/dflash-selector and $RUN/dflash-conv (for `dflash2 analyze`; not shipped).
+# SmolLM2-135M-Instruct's drafters, end to end. Rerunnable: every stage resumes or skips what is done,
+# so after an interruption the same command goes on where it stopped. Run it in the background:
+#   nohup bash recipes/smollm2_drafters/make.sh > runs/smollm2/make.log 2>&1 &
+# Stages (STAGES, comma-separated; default all but ablations):
+#   export     SmolLM2's GGUF weights as a transformers folder (export_hf.py), for the generator;
+#   torch      the generator's own virtual environment ($RUN/torch-venv: PyTorch 2.13 CPU from this
+#              machine's disk, transformers as the package's), outside the package's environment;
+#   corpus     the prompt corpus (corpus.py: code, Debian packages, manual pages, maths, writing);
+#   questions  SmolLM2 writes questions about seed subjects; corpus.py adds them as requests;
+#   answers    SmolLM2 answers the corpus (make_data.py: bfloat16, batched; SHARDS processes, the
+#              first LIMIT requests of each shard);
+#   follow-ups second turns after the first FOLLOW answered rows of each shard;
+#   drafters   DFlash 2 and the DFlash (v1) baseline trained by `dflash2 train` with the same backbone,
+#              data and budget (--processes 2), sharing one --feature-store; each stops when the
+#              held-out loss has not improved for PATIENCE evaluations (or at STEPS);
+#   install    both quantized to 8 bits into dflash2_mlx/builtin/smollm2-{dflash2,dflash} with a
+#              TRAINING.md each;
+#   ablations  (not by default) the seed's two ablation drafters, for `dflash2 analyze`.
+# Knobs (environment): RUN, SHARDS, LIMIT, FOLLOW, STEPS, PATIENCE, LR, LAYERS, TARGET_LAYERS, BLOCK, BATCH,
+# SEQ, BPS (blocks per sequence), RANK (selector rank: 32 keeps the file under 20 MB).
+# BLAS_SHIM=1 (default) routes MLX's CPU matmuls to numpy's OpenBLAS for training (recipes/blas_shim).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ "${BLAS_SHIM:-1}" = 1 ]; then eval "$(bash recipes/blas_shim/build.sh)"; fi
-RUN=${RUN:-runs/smollm2}
-STEPS=${STEPS:-720}; LAYERS=${LAYERS:-3}; TARGET_LAYERS=${TARGET_LAYERS:-1,8,15,22,28}
+RUN=${RUN:-runs/smollm2}; HERE=recipes/smollm2_drafters
+SHARDS=${SHARDS:-2}; LIMIT=${LIMIT:-0}; FOLLOW=${FOLLOW:-1500}
+STEPS=${STEPS:-12000}; PATIENCE=${PATIENCE:-3}; LAYERS=${LAYERS:-3}; TARGET_LAYERS=${TARGET_LAYERS:-1,8,15,22,28}
 BLOCK=${BLOCK:-16}; BATCH=${BATCH:-8}; SEQ=${SEQ:-256}; BPS=${BPS:-8}; RANK=${RANK:-32}
-LIMIT=${LIMIT:-480}; STAGES=${STAGES:-data,drafters,install}
+STAGES=${STAGES:-export,torch,corpus,questions,answers,follow-ups,drafters,install}
 mkdir -p "$RUN/data"
 stage() { [[ ",$STAGES," == *",$1,"* ]]; }
+log() { echo "[$(date -u +%FT%TZ)] $*"; }
+TORCH_PY="$RUN/torch-venv/bin/python"
 
-[ -f "$RUN/prompts/train.jsonl" ] || python recipes/smollm2_drafters/prompts.py "$RUN/prompts"
-if stage data && [ ! -f "$RUN/data/train-1.jsonl" ]; then
-  for s in 0 1; do
-    python recipes/smollm2_drafters/make_data.py "$RUN/prompts/train.jsonl" "$RUN/data/train-$s.jsonl" \
-      --shard $s --shards 2 --batch 96 --limit "$LIMIT" 2>>"$RUN/data-$s.log" &
+if stage export && [ ! -f "$RUN/hf/model.safetensors" ]; then
+  log "export"; python $HERE/export_hf.py "$RUN/hf"
+fi
+if stage torch && ! "$TORCH_PY" -c "import torch, transformers" 2>/dev/null; then
+  log "torch environment"
+  python -m venv "$RUN/torch-venv"
+  # torch 2.13.0 is the CPU build on this machine's disk; transformers as the package's (mlx-lm's) own.
+  "$RUN/torch-venv/bin/pip" install -q torch==2.13.0 "transformers==$(python -c 'import transformers; print(transformers.__version__)')" safetensors
+fi
+
+generate() {  # prompts, out name, more make_data.py flags: SHARDS processes, one core each
+  for ((s = 0; s < SHARDS; s++)); do
+    [ -f "$RUN/data/$2-$s.jsonl" ] && continue
+    env -u LD_PRELOAD "$TORCH_PY" $HERE/make_data.py "$RUN/hf" "$1" "$RUN/data/$2-$s.jsonl" --shard $s --shards "$SHARDS" "${@:3}" \
+      2>>"$RUN/data/$2-$s.log" &
+  done
+  wait
+  for ((s = 0; s < SHARDS; s++)); do
+    [ -f "$RUN/data/$2-$s.jsonl" ] || { log "generating $2 shard $s failed: see $RUN/data/$2-$s.log"; exit 1; }
+  done
+}
+
+if stage corpus && [ ! -f "$RUN/prompts/topics.jsonl" ]; then
+  log "corpus (first pass)"; (cd $HERE && python corpus.py "$OLDPWD/$RUN/prompts")
+fi
+if stage questions && [ ! -f "$RUN/prompts/.with-questions" ]; then
+  log "questions"; generate "$RUN/prompts/topics.jsonl" topics
+  cat "$RUN"/data/topics-*.jsonl > "$RUN/prompts/topics-answered.jsonl"
+  (cd $HERE && python corpus.py "$OLDPWD/$RUN/prompts" --questions "$OLDPWD/$RUN/prompts/topics-answered.jsonl")
+  touch "$RUN/prompts/.with-questions"
+fi
+if stage answers; then
+  log "answers"; generate "$RUN/prompts/train.jsonl" train --limit "$LIMIT"
+fi
+if stage follow-ups; then
+  log "follow-ups"
+  for ((s = 0; s < SHARDS; s++)); do
+    [ -f "$RUN/data/follow-$s.jsonl" ] || env -u LD_PRELOAD "$TORCH_PY" $HERE/make_data.py "$RUN/hf" "$RUN/data/train-$s.jsonl" \
+      "$RUN/data/follow-$s.jsonl" --follow-up "$FOLLOW" --seed $s 2>>"$RUN/data/follow-$s.log" &
   done
   wait
 fi
 
 train() {  # name, kind, more `dflash2 train` flags
-  dflash2 train --processes 2 --model smollm2 "${@:3}" \
-    --data "$RUN/data/train-0.jsonl" --data "$RUN/data/train-1.jsonl" --out "$RUN/$1" --kind "$2" \
+  data=(); for f in "$RUN"/data/train-*.jsonl "$RUN"/data/follow-*.jsonl; do data+=(--data "$f"); done
+  dflash2 train --processes 2 --model smollm2 "${@:3}" "${data[@]}" --out "$RUN/$1" --kind "$2" \
     --layers "$LAYERS" --target-layers "$TARGET_LAYERS" --block-size "$BLOCK" --batch-size "$BATCH" \
     --blocks-per-seq "$BPS" --seq-len "$SEQ" --steps "$STEPS" --lr "${LR:-1e-3}" --selector-rank "$RANK" \
-    --feature-store "$RUN/features" --eval-every "${EVAL_EVERY:-60}" --save-every "${SAVE_EVERY:-30}" --seed 0 \
-    2>&1 | tee -a "$RUN/$1.log"
-  [ -f "$RUN/$1/drafter/model.safetensors" ] || { echo "training $1 failed: see $RUN/$1.log" >&2; exit 1; }
+    --feature-store "$RUN/features" --eval-every "${EVAL_EVERY:-250}" --save-every "${SAVE_EVERY:-50}" \
+    --patience "$PATIENCE" --seed 0 2>&1 | tee -a "$RUN/$1.log"
+  [ -f "$RUN/$1/drafter/model.safetensors" ] || { log "training $1 failed: see $RUN/$1.log"; exit 1; }
 }
 if stage drafters; then
-  train dflash2 dflash2
-  train dflash dflash
+  log "drafters"; train dflash2 dflash2; train dflash dflash
 fi
 if stage ablations; then
   train dflash-selector dflash2 --train no-conv
@@ -58,5 +100,6 @@ if stage install; then for v in dflash2 dflash; do
   rm -rf "$RUN/$v/drafter-q8" && dflash2 quantize --drafter "$RUN/$v/drafter" -q w8abf16:gs64 -o "$RUN/$v/drafter-q8"
   rm -rf "dflash2_mlx/builtin/smollm2-$v" && cp -r "$RUN/$v/drafter-q8" "dflash2_mlx/builtin/smollm2-$v"
   python recipes/builtin_drafters/training_md.py "$RUN" "$v" "dflash2_mlx/builtin/smollm2-$v" --seq-len "$SEQ" \
-    --title "SmolLM2-135M-Instruct $v drafter" --about recipes/smollm2_drafters/about.md
+    --title "SmolLM2-135M-Instruct $v drafter" --about $HERE/about.md
 done; fi
+log "done: $STAGES"
