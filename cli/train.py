@@ -47,6 +47,9 @@ def train(
         "row, else a special token the model never writes)."))] = None,
     regenerate: Annotated[int, typer.Option("--regenerate", help="Complete each prompt with the target (this many tokens) first.")] = 0,
     eval_every: Annotated[int, typer.Option("--eval-every", help="Held-out loss and recall every this many steps.")] = 100,
+    patience: Annotated[int, typer.Option("--patience", help=(
+        "Stop once the held-out loss has not improved (by 0.001) for this many evaluations in a row, and "
+        "export the best evaluated drafter instead of the last (0: train every --steps step)."))] = 0,
     save_every: Annotated[int, typer.Option("--save-every", help="Write a checkpoint every this many steps (the last two are kept).")] = 100,
     processes: Annotated[int, typer.Option("--processes", min=1,
                                            help="Data-parallel ranks on this machine (mlx.launch, ring backend).")] = 1,
@@ -58,11 +61,11 @@ def train(
     """Train a drafter; resumes from OUT/checkpoints when present."""
     from dflash2_mlx.train.outdir import check_out_dir
     from dflash2_mlx.train.setup import check_run_options, prepare
-    from dflash2_mlx.train.trainer import EvalEvent, SavedEvent, StepEvent, TrainConfig
+    from dflash2_mlx.train.trainer import EvalEvent, SavedEvent, StepEvent, StoppedEvent, TrainConfig
 
     # Every option and the output folder are checked before any rank starts or model loads.
     config = TrainConfig(trainable=trainable, steps=steps, batch_size=batch_size, blocks_per_seq=blocks_per_seq,
-                         lr=lr, eval_every=eval_every, save_every=save_every, seed=seed)
+                         lr=lr, eval_every=eval_every, save_every=save_every, seed=seed, patience=patience)
     layer_ids = _layer_list(target_layers)
     check_run_options(kind, layers, block_size, seq_len, selector_rank, regenerate, layer_ids)
     check_out_dir(out.expanduser())
@@ -88,6 +91,10 @@ def train(
                 progress.note(ui.eval_line(event))
             elif isinstance(event, SavedEvent):
                 progress.note(f"saved {event.path}")
+            elif isinstance(event, StoppedEvent):
+                progress.note(f"stopped at step {event.step}: the held-out loss last improved at step "
+                              f"{event.best_step} ({event.best_loss:.3f}), {patience} evaluations ago or more; "
+                              f"the drafter exported is that step's")
 
 
 def _layer_list(text: Optional[str]) -> Optional[list[int]]:

@@ -19,7 +19,7 @@ from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.errors import DFlashError
 from dflash2_mlx.loading.load_pair import load_pair
 from dflash2_mlx.train.setup import prepare
-from dflash2_mlx.train.trainer import EvalEvent, StepEvent, TrainConfig, read_metrics
+from dflash2_mlx.train.trainer import EvalEvent, StepEvent, StoppedEvent, TrainConfig, read_metrics
 from helpers import ar_tokens, drafter_folder, target_folder
 
 DATA = [str(Path(sysconfig.get_paths()["stdlib"]) / "json")]
@@ -29,8 +29,9 @@ DFLASH2 = [sys.executable, "-m", "dflash2_mlx.cli"]
 
 
 def trainer(out, steps=12, save_every=6, **kw):
-    cfg = TrainConfig(steps=steps, batch_size=4, blocks_per_seq=4, lr=3e-3, eval_every=steps, save_every=save_every,
-                      **{k: kw.pop(k) for k in list(kw) if k in ("trainable", "seed")})
+    cfg = TrainConfig(steps=steps, batch_size=4, blocks_per_seq=4, save_every=save_every,
+                      **{"lr": 3e-3, "eval_every": steps,
+                         **{k: kw.pop(k) for k in list(kw) if k in ("trainable", "seed", "lr", "eval_every", "patience")}})
     return prepare(str(target_folder("qwen3")), DATA, out, config=cfg, **{**SMALL, **kw})
 
 
@@ -55,6 +56,28 @@ def test_training_lowers_heldout_loss(tmp_path):
     last = [e for e in events if isinstance(e, EvalEvent)][-1]
     assert last.loss < first - 0.3, (first, last.loss)
     assert len(last.recall1_by_position) == 7
+
+
+def test_patience_stops_when_heldout_loss_stalls_and_exports_the_best_evaluation(tmp_path):
+    # A learning rate too small to move the held-out loss by MIN_IMPROVEMENT: the first evaluation
+    # (step 2) stays the best, and two evaluations without improvement (steps 4, 6) stop the run.
+    t = trainer(tmp_path / "run", steps=100, save_every=100, lr=1e-12, eval_every=2, patience=2)
+    events = list(t.run())
+    stops = [e for e in events if isinstance(e, StoppedEvent)]
+    assert len(stops) == 1 and (stops[0].step, stops[0].best_step) == (6, 2), stops
+    assert t.step == 6
+    best = mx.load(str(tmp_path / "run" / "best" / "drafter.safetensors"))
+    exported = mx.load(str(tmp_path / "run" / "drafter" / "model.safetensors"))
+    assert json.loads((tmp_path / "run" / "best" / "state.json").read_text())["step"] == 2
+    last = params(t.drafter)  # the weights of the run's end are the best's after the export
+    assert all(np.array_equal(np.array(best[k]), last[k]) for k in best)
+    assert any(k.endswith("weight") for k in exported)
+
+
+def test_patience_continues_while_heldout_loss_improves(tmp_path):
+    t = trainer(tmp_path / "run", steps=12, save_every=12, eval_every=4, patience=1)
+    events = list(t.run())
+    assert not [e for e in events if isinstance(e, StoppedEvent)] and t.step == 12
 
 
 def test_resume_is_exact(tmp_path):

@@ -46,6 +46,9 @@ class TrainConfig:
     save_every: int = 100
     keep_checkpoints: int = 2
     seed: int = 0
+    # Stop once the held-out loss has not improved for this many evaluations in a row (0: run
+    # every step); the exported drafter is then the best evaluated one, not the last.
+    patience: int = 0
 
     def __post_init__(self):
         # Refused here, before any folder is made or model loaded: a zero would
@@ -59,6 +62,8 @@ class TrainConfig:
             raise DFlashError(f"--lr {self.lr} must be a positive number")
         if not 0 <= self.seed < 2**64:
             raise DFlashError(f"--seed {self.seed} must be between 0 and 2**64 - 1")
+        if self.patience < 0:
+            raise DFlashError(f"--patience {self.patience} must be 0 (off) or more")
         if self.keep_checkpoints < 1:
             raise DFlashError(f"keep_checkpoints {self.keep_checkpoints} must be at least 1")
 
@@ -87,7 +92,16 @@ class SavedEvent:
     path: str
 
 
-Event = Union[StepEvent, EvalEvent, SavedEvent]
+@dataclass(frozen=True)
+class StoppedEvent:
+    """Training stopped early: the held-out loss last improved at `best_step`."""
+
+    step: int
+    best_step: int
+    best_loss: float
+
+
+Event = Union[StepEvent, EvalEvent, SavedEvent, StoppedEvent]
 
 
 TRAINABLE = {
@@ -127,6 +141,8 @@ def trains_selector(which: str) -> bool:
 
 
 METRICS = "metrics.jsonl"
+BEST = "best"  # the best evaluated weights, with --patience
+MIN_IMPROVEMENT = 1e-3  # held-out loss (nats/token) that counts as better
 
 
 def read_metrics(out_dir, kind: Optional[str] = None) -> list[dict]:
@@ -173,6 +189,7 @@ class DrafterTrainer:
         self.stores = {}  # sequences (by identity) -> FeatureStore
         self.step = 0
         self.resume_note = ""  # what resuming did, for the user (set by `resume`)
+        self._evals: list = []  # (step, held-out loss) of this run's evaluations, for --patience
         self._grad_fn = nn.value_and_grad(drafter, self._loss)
 
     # -- the model pass ---------------------------------------------------------
@@ -307,9 +324,40 @@ class DrafterTrainer:
     def export(self, folder=None) -> Path:
         folder = Path(folder or self.out_dir / "drafter")
         check_export_target(folder)  # replaced whole: only ever an earlier export
+        best = self._best_weights() if self.config.patience else None
+        if best is not None:  # the best evaluated weights, not the last
+            self.drafter.load_weights(list(mx.load(str(best)).items()), strict=True)
         return export_drafter(self.drafter, self.drafter_config, folder)
 
-    # -- the loop -------------------------------------------------------------------------
+    # -- stopping by held-out loss --------------------------------------------------------
+    def _plateau(self) -> tuple[int, float, int]:
+        """(best step, best loss, evaluations since it) of the evaluations so far."""
+        best_step, best_loss, since = 0, math.inf, 0
+        for step, loss in self._evals:
+            if loss < best_loss - MIN_IMPROVEMENT:
+                best_step, best_loss, since = step, loss, 0
+            else:
+                since += 1
+        return best_step, best_loss, since
+
+    def _keep_if_best(self, event: EvalEvent) -> None:
+        """Rank 0 keeps the weights of the best evaluation so far (atomically) for the export."""
+        self._evals.append((event.step, event.loss))
+        best_step, _, _ = self._plateau()
+        if self.rank == 0 and best_step == event.step:
+            atomic_write_folder(self.out_dir / BEST, {
+                "drafter.safetensors": dict(tree_flatten(self.drafter.parameters())),
+                "state.json": {"step": event.step, "loss": event.loss}})
+
+    def _best_weights(self) -> Optional[Path]:
+        """The kept best weights, when they are those of the best evaluation of this run's record."""
+        folder = self.out_dir / BEST
+        try:
+            kept = json.loads((folder / "state.json").read_text())["step"]
+        except (OSError, ValueError, KeyError):
+            return None
+        return folder / "drafter.safetensors" if kept == self._plateau()[0] else None
+
     def log(self, event: Event) -> None:
         """Append a step or eval record to OUT/metrics.jsonl (rank 0): the loss
         curve for plots and the training benchmark. One write per line, so a
@@ -323,18 +371,30 @@ class DrafterTrainer:
 
     def run(self) -> Iterator[Event]:
         c = self.config
+        # Every rank reads the record up to its (resumed) step before the first step, so the
+        # ranks agree on when to stop; later evaluations are added as they happen.
+        self._evals = [(r["step"], r["loss"]) for r in read_metrics(self.out_dir, "eval") if r["step"] <= self.step]
         while self.step < c.steps:
             event = self.train_step()
             self.log(event)
             yield event
+            stop = None
             if self.step % c.eval_every == 0 or self.step == c.steps:
                 event = self.evaluate()
                 self.log(event)
                 yield event
-            if self.step % c.save_every == 0 or self.step == c.steps:
+                if c.patience:
+                    self._keep_if_best(event)
+                    best_step, best_loss, since = self._plateau()
+                    if since >= c.patience:
+                        stop = StoppedEvent(self.step, best_step, best_loss)
+            if stop is not None or self.step % c.save_every == 0 or self.step == c.steps:
                 path = self.save()
                 if path is not None:
                     yield SavedEvent(self.step, str(path))
+            if stop is not None:
+                yield stop
+                break
         if self.rank == 0:
             yield SavedEvent(self.step, str(self.export()))
 
