@@ -15,8 +15,8 @@ Drafters must learn the target's own distribution (verification accepts against
 it: docs/algorithm.md §6), so each request goes through the chat template and
 the target answers it: two chunks in three greedily (what T = 0 serving sees),
 one in three sampled at T = 1 (the distribution itself; no top-k or top-p).
-Requests are answered in groups of 8 batches, each batch of similar prompt
-lengths (less padding); a group's rows are appended to OUT.partial in request
+Requests are answered in groups of 8 batches, each batch cut from the group's
+requests of similar prompt length (less padding); a group's rows are appended to OUT.partial in request
 order, so a killed run resumes at its last whole group; OUT appears when done.
 Rows are {"prompt": templated conversation, "response": answer, "source",
 "temperature"}, what `dflash2 train --data` reads.
@@ -60,8 +60,7 @@ def conversations(rows, follow_up: int, seed: int):
 
 def answer(model, tokenizer, texts: list[str], temperature: float, max_tokens: int, seed: int):
     """Answers to chat-templated `texts`, in order, and how many tokens each took."""
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    enc = tokenizer([texts[i] for i in order], return_tensors="pt", padding=True, add_special_tokens=False)
+    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     config = GenerationConfig(max_new_tokens=max_tokens, do_sample=temperature > 0, temperature=temperature or None,
                               top_k=None, top_p=None, eos_token_id=tokenizer.eos_token_id,
                               pad_token_id=tokenizer.pad_token_id)
@@ -69,14 +68,11 @@ def answer(model, tokenizer, texts: list[str], temperature: float, max_tokens: i
     with torch.inference_mode():
         out = model.generate(**enc, generation_config=config)
     new = out[:, enc.input_ids.shape[1] :]
-    answers = [None] * len(texts)
-    counts = [0] * len(texts)
-    for row, i in enumerate(order):
-        ids = new[row].tolist()
-        if tokenizer.eos_token_id in ids:
-            ids = ids[: ids.index(tokenizer.eos_token_id)]
-        answers[i] = tokenizer.decode(ids, skip_special_tokens=True)
-        counts[i] = len(ids)
+    answers, counts = [], []
+    for row in new.tolist():
+        ids = row[: row.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in row else row
+        answers.append(tokenizer.decode(ids, skip_special_tokens=True))
+        counts.append(len(ids))
     return answers, counts
 
 
@@ -112,21 +108,27 @@ def main():
     tic, made = time.time(), 0
     with partial.open("a") as fh:
         for start in range(done, len(convs), group):
-            lines = []
-            for b in range(start, min(start + group, len(convs)), args.batch):
-                chunk = convs[b : b + args.batch]
-                index = b // args.batch
-                temp = 0.0 if args.greedy_only or index % 3 != 2 else 1.0
-                texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m, _ in chunk]
-                answers, counts = answer(model, tokenizer, texts, temp, args.max_tokens,
-                                         seed=args.seed * 1_000_003 + args.shard * 100_003 + index)
-                made += sum(counts)
-                lines += [json.dumps({"prompt": t, "response": a, "source": src, "temperature": temp,
-                                      "request": m[-1]["content"] if len(m) == 1 else None})
-                          for (m, src), t, a in zip(chunk, texts, answers)]
-            fh.write("".join(line + "\n" for line in lines))
-            fh.flush()
             end = min(start + group, len(convs))
+            texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False)
+                     for m, _ in convs[start:end]]
+            answers = [None] * len(texts)
+            # Which requests are sampled is fixed by their chunk of --batch (one in three);
+            # within a group, batches are cut from requests of similar length (less padding).
+            for temp in (0.0, 1.0):
+                picked = [i for i in range(len(texts))
+                          if temp == (0.0 if args.greedy_only or ((start + i) // args.batch) % 3 != 2 else 1.0)]
+                picked.sort(key=lambda i: len(texts[i]))
+                for b in range(0, len(picked), args.batch):
+                    rows = picked[b : b + args.batch]
+                    out, counts = answer(model, tokenizer, [texts[i] for i in rows], temp, args.max_tokens,
+                                         seed=args.seed * 1_000_003 + args.shard * 100_003 + start + b + int(temp))
+                    for i, a in zip(rows, out):
+                        answers[i] = (a, temp)
+                    made += sum(counts)
+            fh.write("".join(json.dumps({"prompt": t, "response": a, "source": src, "temperature": temp,
+                                         "request": m[-1]["content"] if len(m) == 1 else None}) + "\n"
+                             for (m, src), t, (a, temp) in zip(convs[start:end], texts, answers)))
+            fh.flush()
             print(f"{end}/{len(convs)} requests, {made} answer tokens this run, {made / (time.time() - tic):.0f} tokens/s",
                   file=sys.stderr, flush=True)
     partial.replace(args.out)
