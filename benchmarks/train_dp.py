@@ -4,7 +4,7 @@
 
 Runs real `dflash2 train` jobs on the built-in target, one after the other
 (never two at once): one process; `--processes 2` (mlx.launch, ring backend on
-loopback, launcher deprioritized, see cli/launch.py); and, unless
+loopback, launcher deprioritized, see cli/ranks.py); and, unless
 `--skip-raw`, plain `mlx.launch -n 2` to show what its spinning relay costs.
 Tokens/s is the median of the per-step records in each run's metrics.jsonl
 after `--warmup` steps (global batch tokens / step wall time, measured by

@@ -190,7 +190,7 @@ def run_distributed(argv: list[str], processes: Optional[int], hostfile: Optiona
                     relay_stdin: Optional[bytes] = None, serving: bool = False) -> None:
     """Run `dflash2 ARGV` as ranks (N on this machine, or the hostfile's);
     returns when all ended cleanly, raises `DFlashError` with the one line otherwise."""
-    from .launch import run_ranks
+    from .ranks import run_ranks
 
     count = hostfile_ranks(hostfile) if hostfile else processes
     outcome = RankOutcome()

@@ -16,7 +16,8 @@ import typer
 from .errors import run_guarded
 
 # Command name -> module under cli/ that defines the function of that name.
-COMMANDS = ("generate", "convert", "quantize", "train", "chat", "compare", "bench", "doctor", "analyze", "serve")
+COMMANDS = ("generate", "convert", "quantize", "train", "chat", "compare", "bench", "doctor", "analyze", "serve",
+            "launch")
 
 
 def build_app(only=None) -> typer.Typer:

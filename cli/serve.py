@@ -192,11 +192,7 @@ def serve(
           "Ctrl-C stops)", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, log_level="info" if debug else "warning", access_log=debug,
                             timeout_graceful_shutdown=_AFTER_DRAIN_S)
-    if debug:  # the engine's tracebacks (logged at DEBUG; without --debug a failure is one line)
-        import logging
-
-        logging.basicConfig()
-        logging.getLogger("dflash2").setLevel(logging.DEBUG)
+    _log_notes(debug)
     # Uvicorn raises a signal it shut down for again, for the default action;
     # ignoring that delivery lets a drained server exit 0 instead of dying by it.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -208,6 +204,19 @@ def serve(
     if service.failure is not None:  # non-zero, so that a supervisor restarts the server
         raise DFlashError(f"the engine stopped ({service.failure}): the server exited; restart it")
     print("stopped", file=sys.stderr)
+
+
+def _log_notes(debug: bool) -> None:
+    """The server's notes (a tool left out of the prompt, a schema relaxed: INFO) on stderr as
+    plain lines; with --debug also the engine's tracebacks (DEBUG; else a failure is one line)."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("dflash2")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if debug else logging.INFO)
+    logger.propagate = False
 
 
 _DRAIN_S = 60.0  # the longest a drain waits for the requests it holds

@@ -121,7 +121,7 @@ def _without_processes_flag(argv: list[str]) -> list[str]:
 def _run_as_ranks(processes: int, out: Path) -> None:
     from dflash2_mlx.errors import DFlashError
 
-    from .launch import run_ranks
+    from .ranks import run_ranks
 
     export = out / "drafter" / "model.safetensors"
     before = export.stat().st_mtime_ns if export.exists() else None

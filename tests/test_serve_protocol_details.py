@@ -77,17 +77,39 @@ def test_anthropic_stream_has_the_blocks_of_the_whole_answer(server, ask):
         assert [b.type for b in whole.content] == ["tool_use"]
 
 
-# -- 6a: Anthropic server tools are refused --------------------------------------------
+# -- 6a: tools Anthropic defines are left out, not refused (issue 47) -----------------------
 
 
 @pytest.mark.parametrize("tool", [{"type": "web_search_20250305", "name": "web_search", "max_uses": 2},
                                   {"type": "bash_20250124", "name": "bash"},
                                   {"type": "text_editor_20250124", "name": "str_replace_editor"}],
                          ids=lambda t: t["type"])
-def test_anthropic_server_tools_are_400(server, tool):
-    with pytest.raises(anthropic.BadRequestError) as e:
-        ant(server).messages.create(model="m", max_tokens=4, messages=ASK, tools=[tool])
-    assert tool["type"] in e.value.message and "tools[0]" in e.value.message
+def test_anthropic_server_tools_are_left_out_of_the_prompt_with_a_note(server, tool):
+    alone = ant(server).messages.count_tokens(model="m", messages=ASK)
+    beside = ant(server).messages.count_tokens(model="m", messages=ASK, tools=[tool])
+    assert beside.input_tokens == alone.input_tokens  # nothing of it reached the prompt
+    with_custom = ant(server).messages.create(model="m", max_tokens=60, messages=ASK, tool_choice={"type": "any"},
+                                              tools=[tool, *ANTHROPIC_TOOLS])
+    assert [b.name for b in with_custom.content if b.type == "tool_use"] == ["get_weather"]
+    assert f"'{tool['type']}' tools are left out of the prompt" in server.output()
+
+
+def test_responses_hosted_tools_are_left_out_and_namespaced_calls_name_their_namespace(server):
+    tools = [{"type": "web_search", "external_web_access": False},
+             {"type": "namespace", "name": "weather", "description": "Weather tools",
+              "tools": [{"type": "function", "name": "get_weather", "parameters": WEATHER}]}]
+    r = oai(server).responses.create(model="m", input="What is the weather in Paris?", max_output_tokens=60,
+                                     tools=tools, tool_choice={"type": "function", "name": "get_weather"})
+    calls = [i for i in r.output if i.type == "function_call"]
+    assert [(c.namespace, c.name) for c in calls] == [("weather", "get_weather")], r.output
+    # The call goes back as the client sends it (namespace beside name) and the turn goes on.
+    follow = oai(server).responses.create(model="m", max_output_tokens=8, tools=tools, input=[
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"type": "function_call", "call_id": calls[0].call_id, "name": "get_weather", "namespace": "weather",
+         "arguments": calls[0].arguments},
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny"}])
+    assert follow.status in ("completed", "incomplete")
+    assert "'web_search' tools are left out of the prompt" in server.output()
 
 
 def test_anthropic_custom_type_tools_are_read(server):

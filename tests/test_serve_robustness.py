@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import jsonschema
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
@@ -136,32 +137,64 @@ def _texts(r: httpx.Response) -> list:
     return [c["text"] for item in r.json()["output"] if item["type"] == "message" for c in item["content"]]
 
 
-# == tool schemas are checked when they arrive ==============================================
+# == tool schemas: refused only when not an object, relaxed where the engine cannot use them ===
 
 
 def _chat_tool(parameters) -> dict:
     return {"type": "function", "function": {"name": "get_weather", "parameters": parameters}}
 
 
-@pytest.mark.parametrize("route,tools,message", [
-    ("/v1/chat/completions", [_chat_tool("nope")],
-     "tools[0] 'get_weather': parameters must be a JSON Schema object, not a string"),
-    ("/v1/chat/completions", [_chat_tool({"type": "object"}), {"type": "function", "function": {
-        "name": "get_weather", "parameters": {"type": "nope"}}}],
-     "tools[1] 'get_weather': parameters is not a valid JSON Schema: Invalid type: nope"),
-    ("/v1/responses", [{"type": "function", "name": "f", "parameters": {"required": "city"}}],
-     "tools[0] 'f': parameters is not a valid JSON Schema: Expected array for 'required'"),
-    ("/v1/messages", [{"name": "g", "input_schema": {"properties": {"city": "string"}}}],
-     "tools[0] 'g': input_schema is not a valid JSON Schema: schema must be an object or boolean"),
-])
-def test_tool_schemas_are_checked_whatever_the_tool_choice(server, route, tools, message):
-    body = {"messages": MESSAGES, "input": "hi", "max_tokens": 2, "tools": tools, "tool_choice": "auto"}
-    if route == "/v1/messages":
-        body["tool_choice"] = {"type": "auto"}
-    r = httpx.post(server.url + route, json=body, timeout=60)
+def test_a_tool_schema_that_is_not_an_object_is_400(server):
+    body = {"messages": MESSAGES, "max_tokens": 2, "tools": [_chat_tool("nope")], "tool_choice": "auto"}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 400, r.text
     got = r.json()["error"]["message"]
-    assert got.startswith(message) and "lark" not in got and len(got.splitlines()) == 1, got
+    assert got == "tools[0] 'get_weather': parameters must be a JSON Schema object, not a string", got
+
+
+# What the real agents send (issue 47: Claude Code's TaskCreate uses propertyNames) and schemas no
+# grammar can be made of: each is accepted; a forced call under it is still a JSON object, and
+# keeps every keyword the engine implements (the enum below).
+PROPERTY_NAMES = {"type": "object", "properties": {
+    "status": {"enum": ["pending", "done"]},
+    "metadata": {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}, "additionalProperties": {"type": "string"}}},
+    "required": ["status"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("route,tools", [
+    ("/v1/chat/completions", [_chat_tool(PROPERTY_NAMES)]),
+    ("/v1/chat/completions", [_chat_tool({"type": "nope"})]),
+    ("/v1/responses", [{"type": "function", "name": "get_weather", "parameters": {"required": "city"}}]),
+    ("/v1/messages", [{"name": "get_weather", "input_schema": {"properties": {"city": "string"}}}]),
+    ("/v1/messages", [{"name": "get_weather", "input_schema": PROPERTY_NAMES}]),
+], ids=["chat-propertyNames", "chat-bad-type", "responses-bad-required", "messages-bad-property", "messages-propertyNames"])
+def test_tool_schemas_the_engine_cannot_compile_are_relaxed_not_refused(server, route, tools):
+    body = {"messages": MESSAGES, "input": "hi", "max_tokens": 120, "max_output_tokens": 120, "tools": tools,
+            "tool_choice": "required"}
+    if route == "/v1/messages":
+        body["tool_choice"] = {"type": "any"}
+    r = httpx.post(server.url + route, json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    # (arguments, complete): a schema relaxed to any object may be cut by max_tokens mid-object
+    if route == "/v1/chat/completions":
+        cut = answer["choices"][0]["finish_reason"] == "length"
+        calls = [(c["function"]["arguments"], not cut) for c in answer["choices"][0]["message"]["tool_calls"]]
+    elif route == "/v1/responses":
+        calls = [(i["arguments"], i["status"] == "completed") for i in answer["output"] if i["type"] == "function_call"]
+    else:
+        cut = answer["stop_reason"] == "max_tokens"
+        calls = [(json.dumps(b["input"]), not cut) for b in answer["content"] if b["type"] == "tool_use"]
+    assert calls and all(args.startswith("{") for args, _ in calls), answer
+    calls = [json.loads(args) for args, complete in calls if complete]
+    assert all(isinstance(c, dict) for c in calls), answer
+    schema = (tools[0].get("function") or tools[0]).get("parameters") or tools[0].get("input_schema")
+    if schema is PROPERTY_NAMES:  # what the engine implements still holds
+        assert calls, answer  # this schema bounds the call well inside max_tokens
+        relaxed = json.loads(json.dumps(PROPERTY_NAMES).replace('"propertyNames": {"pattern": "^[a-z]+$"}, ', ""))
+        for call in calls:
+            jsonschema.validate(call, relaxed)
+    assert "a forced call" in server.output()  # the note in the log, once per tool
 
 
 # == the fuzz (bodies: serve_bodies.py) ====================================================

@@ -7,6 +7,7 @@ event stream. Thinking (text inside the template's think tags) becomes
 """
 
 import json
+import logging
 import uuid
 from dataclasses import dataclass
 from typing import AsyncIterator, Optional
@@ -21,6 +22,10 @@ from .structured import read_output_config
 from .tool_prompt import render_with_tools
 from .tools import CallArgs, CallStart, ToolCall, ToolPlan, ToolStreamer, plan_tools
 from .usage import batch_usage, cache_usage, speculative_usage
+
+
+log = logging.getLogger("dflash2.serve")
+_noted: set = set()  # tool types already named in the log
 
 
 @dataclass(frozen=True)
@@ -48,8 +53,10 @@ def parse_messages(body: dict, tokenizer, settings: ServeSettings) -> Call:
 
 
 def _tool_plan(body: dict, tokenizer) -> ToolPlan:
-    """Anthropic's tools and tool_choice (auto / any / tool / none) as a `ToolPlan`."""
-    tools = [_tool(t, i) for i, t in enumerate(get(body, "tools", list, []) or [])]
+    """Anthropic's tools and tool_choice (auto / any / tool / none) as a `ToolPlan`: the tools
+    offered at the end of the conversation (system messages may add or withdraw some)."""
+    declared = [_tool(t, i) for i, t in enumerate(get(body, "tools", list, []) or [])]
+    tools = _offered([t for t in declared if t is not None], get(body, "messages", list, []) or [])
     choice = get(body, "tool_choice", dict, {"type": "auto"})
     kind = choice.get("type")
     if kind not in ("auto", "any", "tool", "none"):
@@ -81,13 +88,64 @@ def conversation(body: dict, tokenizer, settings: ServeSettings, plan: ToolPlan)
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise ApiError(400, f"'{where}' must be an object with 'role' and 'content'", where)
-        role = get(m, "role", str, required=True)
+        role = get(m, "role", str, required=True, where=where)
+        if role == "system":  # the beta's mid-conversation system message (BetaSystemMessageParam)
+            messages += _system_turn(m, where, later_user=any(isinstance(n, dict) and n.get("role") == "user"
+                                                               for n in raw[i + 1:]))
+            continue
         if role not in ("user", "assistant"):
-            raise ApiError(400, f"'{where}.role' must be 'user' or 'assistant' (the system prompt goes in 'system')",
-                           f"{where}.role")
+            raise ApiError(400, f"'{where}.role' must be 'user', 'assistant' or 'system'", f"{where}.role")
         messages += _turn(role, m.get("content"), f"{where}.content")
     kwargs = {**settings.template_kwargs, **_thinking_kwargs(body)}
     return render_with_tools(tokenizer, messages, plan.tools, kwargs)
+
+
+def _system_turn(message: dict, where: str, later_user: bool) -> list[dict]:
+    """A system message inside `messages`: its text, as a system turn where it stands. One that
+    asked to be shown only until the next user message is not shown once one follows; its tool
+    additions and removals act on the offered tools (`_offered`)."""
+    if message.get("clear_at") == "next_user_message" and later_user:
+        return []
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        text = content or ""
+    elif isinstance(content, list):
+        text = "".join(b["text"] for b in content if isinstance(b, dict) and b.get("type") == "text"
+                       and isinstance(b.get("text"), str))
+        for j, b in enumerate(content):
+            if not isinstance(b, dict) or b.get("type") not in ("text", "tool_addition", "tool_removal"):
+                raise ApiError(400, f"'{where}.content[{j}]' is a block a system message cannot hold (text, "
+                                    f"tool_addition, tool_removal)", f"{where}.content[{j}]")
+    else:
+        raise ApiError(400, f"'{where}.content' must be a string or an array of blocks", f"{where}.content")
+    return [{"role": "system", "content": text}] if text else []
+
+
+def _offered(tools: list, messages: list) -> list:
+    """The tools offered to the model's next turn: those declared, then each system message's
+    tool_addition (of a declared tool, or an inline definition) and tool_removal in order."""
+    declared = {t["function"]["name"]: t for t in tools}
+    offered = dict(declared)
+    for i, m in enumerate(messages):
+        if not (isinstance(m, dict) and m.get("role") == "system" and isinstance(m.get("content"), list)):
+            continue
+        for j, block in enumerate(m["content"]):
+            change = block.get("tool") if isinstance(block, dict) else None
+            if not isinstance(change, dict):
+                continue
+            if block.get("type") == "tool_removal":
+                offered.pop(change.get("name"), None)
+            elif block.get("type") == "tool_addition":
+                definition = change.get("definition")
+                if isinstance(definition, dict):
+                    tool = _tool(definition, j)
+                    if tool is not None:
+                        offered[tool["function"]["name"]] = tool
+                else:
+                    name = change.get("name")
+                    if name in declared:
+                        offered[name] = declared[name]
+    return list(offered.values())
 
 
 def _thinking_kwargs(body: dict) -> dict:
@@ -116,7 +174,7 @@ def _turn(role: str, content, where: str) -> list[dict]:
                           "function": {"name": block["name"], "arguments": block.get("input") or {}}})
         elif kind == "tool_result" and role == "user":
             results.append({"role": "tool", "tool_call_id": block.get("tool_use_id", ""),
-                            "content": _text(block.get("content") or "", f"{where}[{i}].content")})
+                            "content": _result_text(block.get("content") or "", f"{where}[{i}].content")})
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":
             continue  # earlier thinking is not read again (as Anthropic's API drops it)
         else:
@@ -140,15 +198,37 @@ def _text(content, where: str) -> str:
     raise ApiError(400, f"'{where}' must be a string or an array of text blocks", where)
 
 
-def _tool(tool, index: int) -> dict:
-    # Chat templates read OpenAI-style function tools.
+def _result_text(content, where: str) -> str:
+    """A tool result's content as text: a text-only model is told where an image or a document
+    stood (a client's Read of a picture must not end the session)."""
+    if not isinstance(content, list):
+        return _text(content, where)
+    parts = []
+    for j, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            parts.append(block["text"])
+        elif kind in ("image", "document", "search_result", "tool_reference"):
+            parts.append(f"[{kind}: not shown, this model reads text only]")
+        else:
+            raise ApiError(400, f"'{where}[{j}]' is a block a tool result cannot hold (text, image, document)",
+                           f"{where}[{j}]")
+    return "".join(parts)
+
+
+def _tool(tool, index: int) -> Optional[dict]:
+    """A custom tool in the chat shape templates read; None for a tool of a type Anthropic
+    defines (web_search_*, code_execution_*, bash_*, text_editor_*, ...: run by Anthropic's
+    servers or by a client that knows their schema), left out with a note in the log."""
     if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
         raise ApiError(400, f"'tools[{index}]' needs a 'name'", f"tools[{index}]")
-    kind = tool.get("type", "custom")
-    if kind != "custom":  # web_search_*, bash_*, text_editor_*, ...: Anthropic runs those, this server cannot
-        raise ApiError(400, f"'tools[{index}]' '{tool['name']}' is the server tool type '{kind}', which this "
-                            f"server does not run: send custom tools (name, description, input_schema)",
-                       f"tools[{index}]")
+    kind = tool.get("type") or "custom"
+    if kind != "custom":
+        if kind not in _noted:
+            _noted.add(kind)
+            log.info(f"'{kind}' tools are left out of the prompt: a tool type Anthropic defines, "
+                     f"not one this server can run")
+        return None
     return {"type": "function", "function": {"name": tool["name"], "description": tool.get("description", ""),
                                              "parameters": tool.get("input_schema", {})}}
 

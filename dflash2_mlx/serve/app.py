@@ -26,6 +26,7 @@ from .errors import ApiError, log_failure
 from .body import read_json
 from .jobs import collect
 from .models import model_card, models_list
+from ..text.context import context_limit
 from .service import EngineFailed, EngineService, QueueFull, ShuttingDown
 from .sampling_fields import check_token_ids, check_vocabulary
 from .settings import ServeSettings
@@ -46,6 +47,7 @@ def create_app(service: EngineService, settings: ServeSettings, drain: Drain = N
     drain = drain or Drain()
     created = int(time.time())
     store = responses.ResponseStore()
+    context = context_limit(getattr(service.pair, "target", None))
 
     async def health(request: Request) -> Response:
         if service.failure is not None:  # a supervisor restarts it (cli/serve.py exits)
@@ -63,14 +65,14 @@ def create_app(service: EngineService, settings: ServeSettings, drain: Drain = N
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     async def models(request: Request) -> Response:
-        return JSONResponse(models_list(settings.served_names, created))
+        return JSONResponse(models_list(settings.served_names, created, context))
 
     async def model(request: Request) -> Response:
         name = request.path_params["name"]
         if name not in settings.served_names:
             names = ", ".join(f"'{n}'" for n in settings.served_names)
             raise ApiError(404, f"model '{name}' is not listed here: the served names are {names}", "model")
-        return JSONResponse(model_card(name, created))
+        return JSONResponse(model_card(name, created, context))
 
     async def chat_completions(request: Request) -> Response:
         return await _openai(request, openai.parse_chat)

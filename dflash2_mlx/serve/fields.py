@@ -13,8 +13,15 @@ _NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a s
           list: "an array", dict: "an object"}
 
 
-def get(body: dict, key: str, kind: type, default: Any = None, *, required: bool = False) -> Any:
-    """body[key] checked to be of `kind` (ints count as floats; bools are not ints)."""
+def get(body: dict, key: str, kind: type, default: Any = None, *, required: bool = False, where: str = "") -> Any:
+    """body[key] checked to be of `kind` (ints count as floats; bools are not ints); `where`:
+    the path of `body` in the request, for the message ("tools[2]" names "tools[2].name")."""
+    if where:
+        try:
+            return get(body, key, kind, default, required=required)
+        except ApiError as e:
+            field = f"{where}.{key}"
+            raise ApiError(e.status, e.message.replace(f"'{key}'", f"'{field}'", 1), field) from None
     if key not in body or body[key] is None:
         if required:
             raise ApiError(400, f"'{key}' is required", key)

@@ -16,6 +16,8 @@ import uuid
 from collections import OrderedDict
 from typing import AsyncIterator, Optional
 
+import logging
+
 from .errors import ApiError
 from .fields import get
 from .jobs import Delta, Failed, Finished, GenerationRequest, Job
@@ -31,6 +33,7 @@ from .tools import CallArgs, CallStart, ToolCall, ToolPlan, ToolStreamer, plan_t
 from .usage import batch_usage, cache_usage, speculative_usage
 
 STORE_SIZE = 256  # responses kept for previous_response_id and GET
+log = logging.getLogger("dflash2.serve")
 
 
 class ResponseStore:
@@ -57,8 +60,10 @@ class ResponseStore:
 class Call:
     """A parsed Responses request and the conversation it continues."""
 
-    def __init__(self, body: dict, request: GenerationRequest, messages: list, plan: ToolPlan, think: tuple):
+    def __init__(self, body: dict, request: GenerationRequest, messages: list, plan: ToolPlan, think: tuple,
+                 namespaced: Optional[dict] = None):
         self.body, self.request, self.messages, self.plan, self.think = body, request, messages, plan, think
+        self.namespaced = namespaced or {}  # "ns.fn" -> ("ns", "fn"): how a call's name comes back
         self.stream = get(body, "stream", bool, False)
         self.store = get(body, "store", bool, True)
 
@@ -76,7 +81,8 @@ def parse(body: dict, tokenizer, settings: ServeSettings, store: ResponseStore) 
     messages += _items(body.get("input"))
     if not any(m["role"] != "system" for m in messages):
         raise ApiError(400, "'input' is empty: send a string or at least one input item", "input")
-    plan = plan_tools(tokenizer, _tools(body), _tool_choice(body), get(body, "parallel_tool_calls", bool, True))
+    tools, namespaced = _tools(body)
+    plan = plan_tools(tokenizer, tools, _tool_choice(body, namespaced), get(body, "parallel_tool_calls", bool, True))
     ids, text = render_with_tools(tokenizer, messages, plan.tools, settings.template_kwargs)
     check_prompt_length(ids, settings.max_prompt_tokens or len(ids), "input")
     # A forced call is the call; with auto, the model's calls or the format's JSON (plan.turn_grammar).
@@ -87,7 +93,13 @@ def parse(body: dict, tokenizer, settings: ServeSettings, store: ResponseStore) 
                                 read_sampling(body, max_temperature=2.0), (), grammar,
                                 read_logits(body), top)
     start, end = think_tags(tokenizer)
-    return Call(body, request, messages, plan, (start, end, starts_thinking(text, start, end)))
+    return Call(body, request, messages, plan, (start, end, starts_thinking(text, start, end)), namespaced)
+
+
+# Items of hosted tools' calls a client may carry over from another server's history.
+HOSTED_CALL_ITEMS = ("web_search_call", "file_search_call", "code_interpreter_call", "image_generation_call",
+                     "mcp_call", "mcp_list_tools", "mcp_approval_request", "mcp_approval_response",
+                     "tool_search_call", "tool_search_output", "compaction")
 
 
 def _items(value) -> list[dict]:
@@ -107,8 +119,10 @@ def _items(value) -> list[dict]:
                            ("input_text", "output_text") else p for p in content]
             out.append(read_message({**item, "content": content}, i))
         elif kind == "function_call":
+            name = get(item, "name", str, required=True)
+            namespace = get(item, "namespace", str)
             call = read_tool_call({"id": get(item, "call_id", str, required=True), "type": "function",
-                               "function": {"name": get(item, "name", str, required=True),
+                               "function": {"name": f"{namespace}.{name}" if namespace else name,
                                             "arguments": get(item, "arguments", str, "")}}, where)
             if out and out[-1]["role"] == "assistant" and not out[-1]["content"]:
                 out[-1].setdefault("tool_calls", []).append(call)
@@ -120,30 +134,69 @@ def _items(value) -> list[dict]:
                         "content": output if isinstance(output, str) else json.dumps(output)})
         elif kind == "reasoning":
             continue  # earlier reasoning is not read again
+        elif kind in HOSTED_CALL_ITEMS:
+            continue  # a hosted tool's call and result: this server never wrote one, the model cannot read it
         else:
             raise ApiError(400, f"'{where}' is an item this server does not read (message, function_call, "
                                 f"function_call_output)", where)
     return out
 
 
-def _tools(body: dict) -> list:
-    """Responses function tools ({"type": "function", "name", "parameters"}) in the chat shape."""
-    out = []
+# Tools OpenAI's servers run themselves (or whose calls are items this server does not write):
+# left out of the prompt with a note in the log, never a 400 (openai.types.responses.ToolParam).
+HOSTED_TOOLS = ("web_search", "web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11",
+                "file_search", "code_interpreter", "image_generation", "mcp", "tool_search", "computer",
+                "computer_use_preview", "local_shell", "shell", "apply_patch", "custom", "programmatic_tool_calling")
+_noted: set = set()
+
+
+def _tools(body: dict) -> tuple[list, dict]:
+    """Responses function tools ({"type": "function", "name", "parameters"}) in the chat shape, and
+    the namespaced ones' qualified names ("ns.fn" -> ("ns", "fn")). A `namespace` tool's function
+    tools are offered as "ns.fn" and their calls come back with `namespace` and `name` apart, as
+    OpenAI's API returns them; tools this server cannot run are left out (HOSTED_TOOLS)."""
+    out, namespaced = [], {}
     for i, tool in enumerate(get(body, "tools", list, []) or []):
-        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
-            raise ApiError(400, f"'tools[{i}]' must be a function tool with a 'name' (this server runs no "
-                                f"built-in tools)", f"tools[{i}]")
-        out.append({"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters")
-                                                     if k in tool}})
-    return out
+        where = f"tools[{i}]"
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind == "namespace":
+            ns = get(tool, "name", str, required=True, where=where)
+            for j, inner in enumerate(get(tool, "tools", list, required=True, where=where)):
+                fn = _function(inner, f"{where}.tools[{j}]", qualifier=ns)
+                if fn is not None:
+                    namespaced[fn["function"]["name"]] = (ns, inner["name"])
+                    out.append(fn)
+            continue
+        fn = _function(tool, where)
+        if fn is not None:
+            out.append(fn)
+    return out, namespaced
 
 
-def _tool_choice(body: dict):
+def _function(tool, where: str, qualifier: str = "") -> Optional[dict]:
+    """One function tool in the chat shape; None (and a note in the log) for a tool it cannot run."""
+    if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
+        raise ApiError(400, f"'{where}' must be a tool object with a 'type'", where)
+    if tool["type"] != "function":
+        if tool["type"] not in _noted:
+            _noted.add(tool["type"])
+            known = "a tool OpenAI's servers run" if tool["type"] in HOSTED_TOOLS else "a tool type this server does not know"
+            log.info(f"'{tool['type']}' tools are left out of the prompt: {known}, not one this server can run")
+        return None
+    name = get(tool, "name", str, required=True, where=where)
+    fn = {k: tool[k] for k in ("description", "parameters") if k in tool}
+    return {"type": "function", "function": {"name": f"{qualifier}.{name}" if qualifier else name, **fn}}
+
+
+def _tool_choice(body: dict, namespaced: dict):
+    """tool_choice as plan_tools reads it; a function named by its own name inside a namespace
+    (the SDK's ToolChoiceFunction has only `name`) is that namespaced function."""
     choice = body.get("tool_choice")
     if choice is None or choice in ("none", "auto", "required"):
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
-        return choice["name"]
+        inside = [q for q, (_, name) in namespaced.items() if name == choice["name"]]
+        return inside[0] if len(inside) == 1 and choice["name"] not in namespaced else choice["name"]
     raise ApiError(400, "'tool_choice' must be 'none', 'auto', 'required' or {\"type\": \"function\", \"name\": ...}",
                    "tool_choice")
 
@@ -187,7 +240,7 @@ class Answer:
             output.append(_message_item(content))
             if self.call.request.top_logprobs is not None:
                 output[-1]["content"][0]["logprobs"] = logprob_entries(self.tokenizer, deltas)
-        output += [_call_item(c) for c in calls]
+        output += [_call_item(c, self.call.namespaced) for c in calls]
         if fin.finish_reason == "length" and output[-1]["type"] == "message":
             output[-1]["status"] = "incomplete"  # its text was cut (a cut call says so itself)
         response = self._object("completed", output, fin)
@@ -238,7 +291,7 @@ class Answer:
             out = []
             if isinstance(piece, (CallStart, ToolCall)) and piece.id not in open_items:
                 out += close_text()
-                item, index = _call_item(ToolCall(piece.id, piece.name, "")), len(output)
+                item, index = _call_item(ToolCall(piece.id, piece.name, ""), self.call.namespaced), len(output)
                 output.append(item)
                 open_items[piece.id] = (index, item)
                 out.append(self.event("response.output_item.added",
@@ -252,7 +305,7 @@ class Answer:
             elif isinstance(piece, ToolCall):
                 item["arguments"], item["status"] = piece.arguments, _status(piece)
                 calls.append(piece)
-                out.append(self.event("response.function_call_arguments.done", {**ids, "name": piece.name,
+                out.append(self.event("response.function_call_arguments.done", {**ids, "name": item["name"],
                                                                                  "arguments": piece.arguments}))
                 out.append(self.event("response.output_item.done", {"output_index": index, "item": item}))
             return out
@@ -321,9 +374,12 @@ def _message_item(text: str) -> dict:
             "content": [{"type": "output_text", "text": text, "annotations": []}]}
 
 
-def _call_item(call: ToolCall) -> dict:
-    return {"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}", "call_id": call.id, "name": call.name,
+def _call_item(call: ToolCall, namespaced: dict) -> dict:
+    """A function_call item; a namespaced tool's call names its namespace and function apart."""
+    namespace, name = namespaced.get(call.name, (None, call.name))
+    item = {"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}", "call_id": call.id, "name": name,
             "arguments": call.arguments, "status": _status(call)}
+    return {**item, "namespace": namespace} if namespace else item
 
 
 def _status(call: ToolCall) -> str:

@@ -91,7 +91,7 @@ def plan_tools(tokenizer, tools: list, choice, parallel: bool = True, schema_fie
     "none" | "auto" | "required" | a function name (forced) | None (auto when tools).
     Every tool's schema is checked first, whatever the choice (`schema_field`: its
     name in the client's protocol, for the 400)."""
-    check_tool_schemas(tools, tokenizer, schema_field)
+    check_tool_schemas(tools, schema_field)
     if not tools and choice not in (None, "auto", "none"):
         # Dropping the choice would answer in plain text where the client waits for a call.
         forced = "a tool call" if choice == "required" else f"a call of '{choice}'"

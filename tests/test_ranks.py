@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dflash2_mlx.cli.launch import _children, _deprioritize
+from dflash2_mlx.cli.ranks import _children, _deprioritize
 from dflash2_mlx.cli.train import _without_processes_flag
 
 
