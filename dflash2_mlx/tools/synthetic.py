@@ -8,6 +8,7 @@ same code paths as a Hub checkpoint.
 """
 
 import json
+import shutil
 from pathlib import Path
 from typing import Optional
 
@@ -220,3 +221,50 @@ if __name__ == "__main__":
         sys.exit("usage: python -m dflash2_mlx.tools.synthetic OUT_FOLDER")
     for name, path in write_demo_pair(sys.argv[1]).items():
         print(f"{name}: {path}")
+
+
+# Every token of it distinct, and none a token the agent tests' prompts end with (write_fixed_answer_target).
+FIXED_ANSWER = " Answer from the tiny model"
+
+
+def write_fixed_answer_target(folder: Path, context: int = 65536, answer: str = FIXED_ANSWER) -> Path:
+    """A tiny qwen3 in the real format, with the built-in target's tokenizer and chat template
+    (which renders tools) and a context that holds the clients' default prompts (Claude Code's
+    is ~28k of its tokens), whose greedy answer to any prompt is `answer` and then its
+    end-of-text token: the protocol's model (issue 47 allows a look-alike), whose answer a
+    test can find in a client's output. Its weights are set, not trained: every layer's output
+    projections are zero, so the last hidden state is the last token's embedding; embeddings
+    of ordinary tokens share one direction, which the head maps to the answer's first token,
+    and each answer token has a direction of its own, mapped to the token after it (the last
+    to end-of-text). So a prompt whose last token is one of the answer's gets the answer's rest
+    only. Every layer still runs: the prefill and the prompt cache are real."""
+    from tokenizers import Tokenizer
+
+    folder = Path(folder)
+    if (folder / "config.json").exists():
+        return Path(folder)
+    hidden = 64
+    write_target(folder, "qwen3", hidden_size=hidden, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1, head_dim=32, vocab_size=4096,
+                 max_position_embeddings=context, tie_word_embeddings=False)
+    builtin = Path(__file__).resolve().parents[1] / "builtin" / "target"
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        shutil.copy(builtin / name, folder / name)
+    ids = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(answer).ids
+    assert len(set(ids)) == len(ids) and 0 not in ids and len(ids) < hidden, "answer tokens must be distinct"
+    weights = dict(mx.load(str(folder / "model.safetensors")))
+    vocab = weights["model.embed_tokens.weight"].shape[0]
+    embed = 0.01 * mx.random.normal((vocab, hidden), key=mx.random.key(0))
+    embed[:, 0] = 1.0  # the direction every ordinary token shares
+    head = mx.zeros((vocab, hidden))
+    head[ids[0], 0] = 10.0
+    for i, token in enumerate(ids):  # answer token i: its own direction, read as "next is token i + 1"
+        embed[token] = mx.zeros((hidden,))
+        embed[token, i + 1] = 1.0
+        head[ids[i + 1] if i + 1 < len(ids) else 0, i + 1] = 10.0
+    weights["model.embed_tokens.weight"], weights["lm_head.weight"] = embed, head
+    for name in list(weights):
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            weights[name] = mx.zeros_like(weights[name])
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    return Path(folder)
