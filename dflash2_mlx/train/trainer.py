@@ -29,6 +29,7 @@ from .outdir import CHECKPOINT_FORMAT, check_export_target, own_checkpoints
 from .loss import block_loss, recall_by_position, selector_loss
 from .forward import packed_forward, target_features
 from .packing import make_blocks, sample_anchors
+from .plateau import Plateau
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,6 @@ def trains_selector(which: str) -> bool:
 
 METRICS = "metrics.jsonl"
 BEST = "best"  # the best evaluated weights, with --patience
-MIN_IMPROVEMENT = 1e-3  # held-out loss (nats/token) that counts as better
 
 
 def read_metrics(out_dir, kind: Optional[str] = None) -> list[dict]:
@@ -189,7 +189,7 @@ class DrafterTrainer:
         self.stores = {}  # sequences (by identity) -> FeatureStore
         self.step = 0
         self.resume_note = ""  # what resuming did, for the user (set by `resume`)
-        self._evals: list = []  # (step, held-out loss) of this run's evaluations, for --patience
+        self.plateau = Plateau()  # this run's evaluations, for --patience
         self._grad_fn = nn.value_and_grad(drafter, self._loss)
 
     # -- the model pass ---------------------------------------------------------
@@ -329,34 +329,22 @@ class DrafterTrainer:
             self.drafter.load_weights(list(mx.load(str(best)).items()), strict=True)
         return export_drafter(self.drafter, self.drafter_config, folder)
 
-    # -- stopping by held-out loss --------------------------------------------------------
-    def _plateau(self) -> tuple[int, float, int]:
-        """(best step, best loss, evaluations since it) of the evaluations so far."""
-        best_step, best_loss, since = 0, math.inf, 0
-        for step, loss in self._evals:
-            if loss < best_loss - MIN_IMPROVEMENT:
-                best_step, best_loss, since = step, loss, 0
-            else:
-                since += 1
-        return best_step, best_loss, since
-
+    # -- stopping by held-out loss (plateau.py) ----------------------------------------------
     def _keep_if_best(self, event: EvalEvent) -> None:
         """Rank 0 keeps the weights of the best evaluation so far (atomically) for the export."""
-        self._evals.append((event.step, event.loss))
-        best_step, _, _ = self._plateau()
-        if self.rank == 0 and best_step == event.step:
+        self.plateau.add(event.step, event.loss)
+        if self.rank == 0 and self.plateau.state()[0] == event.step:
             atomic_write_folder(self.out_dir / BEST, {
                 "drafter.safetensors": dict(tree_flatten(self.drafter.parameters())),
                 "state.json": {"step": event.step, "loss": event.loss}})
 
     def _best_weights(self) -> Optional[Path]:
         """The kept best weights, when they are those of the best evaluation of this run's record."""
-        folder = self.out_dir / BEST
         try:
-            kept = json.loads((folder / "state.json").read_text())["step"]
+            kept = json.loads((self.out_dir / BEST / "state.json").read_text())["step"]
         except (OSError, ValueError, KeyError):
             return None
-        return folder / "drafter.safetensors" if kept == self._plateau()[0] else None
+        return self.out_dir / BEST / "drafter.safetensors" if kept == self.plateau.state()[0] else None
 
     def log(self, event: Event) -> None:
         """Append a step or eval record to OUT/metrics.jsonl (rank 0): the loss
@@ -373,7 +361,7 @@ class DrafterTrainer:
         c = self.config
         # Every rank reads the record up to its (resumed) step before the first step, so the
         # ranks agree on when to stop; later evaluations are added as they happen.
-        self._evals = [(r["step"], r["loss"]) for r in read_metrics(self.out_dir, "eval") if r["step"] <= self.step]
+        self.plateau = Plateau([(r["step"], r["loss"]) for r in read_metrics(self.out_dir, "eval") if r["step"] <= self.step])
         while self.step < c.steps:
             event = self.train_step()
             self.log(event)
@@ -385,7 +373,7 @@ class DrafterTrainer:
                 yield event
                 if c.patience:
                     self._keep_if_best(event)
-                    best_step, best_loss, since = self._plateau()
+                    best_step, best_loss, since = self.plateau.state()
                     if since >= c.patience:
                         stop = StoppedEvent(self.step, best_step, best_loss)
             if stop is not None or self.step % c.save_every == 0 or self.step == c.steps:
