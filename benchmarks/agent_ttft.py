@@ -9,8 +9,9 @@ its first token itself (`ttft_ms` in its JSON result) and how much of the prompt
 read from its cache (`cache_read_input_tokens`). A third turn opens a new session on the same
 server: it shares the system prompt and the tools with the first. Each repeat starts a new
 server (an empty prompt cache). The target is the fixed-answer look-alike of the agent tests
-(dflash2_mlx/tools/synthetic.py): a tiny model whose context holds the whole prompt, so the
-prefill measured is the prefill of a 2-layer model; what the cache saves is what matters.
+(dflash2_mlx/tools/synthetic.py), a tiny model whose context holds the whole prompt, made heavier
+than the tests' (--layers, --heads, --head-dim: 2 layers of 2 heads of 32 by default) so that its
+prefill takes seconds; what the cache saves is what carries over to a real model.
 """
 
 import argparse
@@ -56,11 +57,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--head-dim", type=int, default=32)
     args = ap.parse_args()
     claude = installed_clis()["claude"]
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
-        model = write_fixed_answer_target(Path(tmp) / "lookalike")
+        model = write_fixed_answer_target(Path(tmp) / "lookalike", layers=args.layers, heads=args.heads,
+                                          head_dim=args.head_dim)
         for r in range(args.repeats):
             proc, url = start_server(["--model", str(model), "--ar", "--served-model-name", "lookalike"])
             try:
@@ -83,6 +88,7 @@ def main():
                for i, (name, _, _) in enumerate(TURNS)}
     out = {"what": "time to first token of Claude Code's turns against dflash2 serve (fixed-answer look-alike, --ar)",
            "backend": backend_name(), "machine": platform.machine(), "client": "claude-code 2.1.328",
+           "lookalike": {"layers": args.layers, "heads": args.heads, "head_dim": args.head_dim},
            "summary": summary, "runs": runs, **provenance(command_line("python benchmarks/agent_ttft.py", sys.argv[1:]))}
     print(json.dumps(summary, indent=1))
     if args.json:

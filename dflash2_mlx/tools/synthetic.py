@@ -227,7 +227,8 @@ if __name__ == "__main__":
 FIXED_ANSWER = " Answer from the tiny model"
 
 
-def write_fixed_answer_target(folder: Path, context: int = 65536, answer: str = FIXED_ANSWER) -> Path:
+def write_fixed_answer_target(folder: Path, context: int = 65536, answer: str = FIXED_ANSWER, layers: int = 1,
+                              heads: int = 1, head_dim: int = 16) -> Path:
     """A tiny qwen3 in the real format, with the built-in target's tokenizer and chat template
     (which renders tools) and a context that holds the clients' default prompts (Claude Code's
     is ~28k of its tokens), whose greedy answer to any prompt is `answer` and then its
@@ -244,9 +245,9 @@ def write_fixed_answer_target(folder: Path, context: int = 65536, answer: str = 
     if (folder / "config.json").exists():
         return Path(folder)
     hidden = 64
-    # One layer and one narrow head: the clients' 10k-28k-token prompts prefill in seconds.
-    write_target(folder, "qwen3", hidden_size=hidden, intermediate_size=128, num_hidden_layers=1,
-                 num_attention_heads=1, num_key_value_heads=1, head_dim=16, vocab_size=4096,
+    # By default one layer and one narrow head: the clients' 10k-28k-token prompts prefill in seconds.
+    write_target(folder, "qwen3", hidden_size=hidden, intermediate_size=128, num_hidden_layers=layers,
+                 num_attention_heads=heads, num_key_value_heads=1, head_dim=head_dim, vocab_size=4096,
                  max_position_embeddings=context, tie_word_embeddings=False)
     builtin = Path(__file__).resolve().parents[1] / "builtin" / "target"
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
