@@ -8,7 +8,7 @@ prompt is one known sentence (agent_clis.fixed_answer_lookalike), so each test c
 model's answer in what the client reports.
 
 Each test asserts on what the client itself reports: its exit status and its own JSON output
-(the answer's text, the tokens it was told were used).
+(the answer's text, the tokens it was told were used, the tool it ran and that tool's output).
 """
 
 import json
@@ -170,3 +170,56 @@ def test_launch_says_in_one_line_when_the_context_is_too_small(clis, tmp_path):
     assert lines == ["error: this model's context (2,048 tokens) is smaller than claude's default prompt (about "
                      "21,000 tokens): use a model with a longer context, or shrink the prompt with --system-prompt "
                      "TEXT and --tools NAMES (e.g. --tools Bash,Read)"], err
+
+
+# -- a tool call issued by the model, run by the client, its result sent back ------------------
+
+# What each client's shell tool is called and takes (their default tool lists, as captured).
+CALLS = {"codex": {"name": "exec_command", "arguments": {"cmd": "pwd"}},
+         "claude": {"name": "Bash", "arguments": {"command": "pwd"}},
+         "opencode": {"name": "bash", "arguments": {"command": "pwd"}}}
+
+
+def round_trip(client, clis, url, tmp_path):
+    """(exit status, the tool's output the client reports, the answer after it) of one session."""
+    env = sealed_env(tmp_path / "home")
+    ask = "Show the working directory."
+    if client == "codex":
+        env["DFLASH2_KEY"] = "unused"
+        provider = (f'model_providers.dflash2={{name="dflash2",base_url="{url}/v1",wire_api="responses",'
+                    f'env_key="DFLASH2_KEY"}}')
+        code, out, err = run([clis["codex"], "exec", "--json", "--skip-git-repo-check", "-c", provider,
+                              "-c", "model_provider=dflash2", "-m", "lookalike", ask], env, tmp_path)
+        events = [e.get("item", {}) for e in json_lines(out) if e.get("type") == "item.completed"]
+        ran = [e["aggregated_output"] for e in events if e.get("type") == "command_execution" and e["exit_code"] == 0]
+        said = [e["text"] for e in events if e.get("type") == "agent_message"]
+    elif client == "claude":
+        env.update(ANTHROPIC_BASE_URL=url, ANTHROPIC_API_KEY="unused")
+        code, out, err = run([clis["claude"], "-p", ask, "--model", "lookalike", "--allowedTools", "Bash",
+                              "--output-format", "stream-json", "--verbose"], env, tmp_path)
+        blocks = [b for e in json_lines(out) if e.get("type") in ("assistant", "user") for b in e["message"]["content"]]
+        ran = [b["content"] for b in blocks if b.get("type") == "tool_result" and not b.get("is_error")]
+        said = [b["text"] for b in blocks if b.get("type") == "text"]
+    else:
+        config = {"provider": {"dflash2": {"npm": "@ai-sdk/openai-compatible", "name": "dflash2",
+                                           "options": {"baseURL": f"{url}/v1", "apiKey": "unused"},
+                                           "models": {"lookalike": {"name": "look-alike"}}}}}
+        (tmp_path / "opencode.json").write_text(json.dumps(config))
+        code, out, err = run([clis["opencode"], "run", "-m", "dflash2/lookalike", "--format", "json", ask], env, tmp_path)
+        parts = [e["part"] for e in json_lines(out) if "part" in e]
+        ran = [p["state"]["output"] for p in parts if p.get("type") == "tool" and p["state"].get("status") == "completed"]
+        said = [p["text"] for p in parts if p.get("type") == "text"]
+    return code, out + err, ran, said
+
+
+@pytest.mark.parametrize("client", sorted(CALLS))
+def test_a_tool_call_reaches_the_client_and_its_result_comes_back(clis, tmp_path, client):
+    """The look-alike answers any prompt with a call of the client's own shell tool (`pwd`) and a
+    tool's result with its sentence: the client must run the call, send the result back in the
+    same session and report the answer that followed it."""
+    model = fixed_answer_lookalike(tmp_path / "lookalike", call=CALLS[client])
+    for server in serving("--model", str(model), "--ar", "--served-model-name", "lookalike", tmp=tmp_path):
+        code, output, ran, said = round_trip(client, clis, server.url, tmp_path)
+        assert code == 0, output[-3000:]
+        assert [r.strip() for r in ran] == [str(tmp_path)], output[-3000:]  # pwd ran, in the session's folder
+        assert said and said[-1].strip() == ANSWER.strip(), output[-3000:]

@@ -228,7 +228,7 @@ FIXED_ANSWER = " Answer from the tiny model"
 
 
 def write_fixed_answer_target(folder: Path, context: int = 65536, answer: str = FIXED_ANSWER, layers: int = 1,
-                              heads: int = 1, head_dim: int = 16) -> Path:
+                              heads: int = 1, head_dim: int = 16, call: Optional[dict] = None) -> Path:
     """A tiny qwen3 in the real format, with the built-in target's tokenizer and chat template
     (which renders tools) and a context that holds the clients' default prompts (Claude Code's
     is ~28k of its tokens), whose greedy answer to any prompt is `answer` and then its
@@ -238,35 +238,55 @@ def write_fixed_answer_target(folder: Path, context: int = 65536, answer: str = 
     of ordinary tokens share one direction, which the head maps to the answer's first token,
     and each answer token has a direction of its own, mapped to the token after it (the last
     to end-of-text). So a prompt whose last token is one of the answer's gets the answer's rest
-    only. Every layer still runs: the prefill and the prompt cache are real."""
-    from tokenizers import Tokenizer
+    only. Every layer still runs: the prefill and the prompt cache are real.
+
+    With `call` ({"name", "arguments"}) it is a tool caller: its answer to any prompt is that call
+    in the template's format, `<tool_call>{...}</tool_call>`, and its answer to a prompt that
+    ends with a tool's result (`</tool_response>`) is `answer`. The tags and the call's JSON are
+    tokens added to the vocabulary (as Qwen's tokenizers add `<tool_call>`): a call's text
+    repeats tokens, which an answer that follows the last token alone cannot."""
+    from tokenizers import AddedToken, Tokenizer
 
     folder = Path(folder)
     if (folder / "config.json").exists():
-        return Path(folder)
-    hidden = 64
+        return folder
+    hidden, base = 64, 4096
+    added = ["<tool_call>", json.dumps(call, separators=(",", ":")), "</tool_call>", "</tool_response>"] if call else []
     # By default one layer and one narrow head: the clients' 10k-28k-token prompts prefill in seconds.
     write_target(folder, "qwen3", hidden_size=hidden, intermediate_size=128, num_hidden_layers=layers,
-                 num_attention_heads=heads, num_key_value_heads=1, head_dim=head_dim, vocab_size=4096,
+                 num_attention_heads=heads, num_key_value_heads=1, head_dim=head_dim, vocab_size=base + len(added),
                  max_position_embeddings=context, tie_word_embeddings=False)
     builtin = Path(__file__).resolve().parents[1] / "builtin" / "target"
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
         shutil.copy(builtin / name, folder / name)
-    ids = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(answer).ids
-    assert len(set(ids)) == len(ids) and 0 not in ids and len(ids) < hidden, "answer tokens must be distinct"
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    if added:
+        tokenizer.add_tokens([AddedToken(t, normalized=False) for t in added])
+        tokenizer.save(str(folder / "tokenizer.json"))
+    text_ids = tokenizer.encode(answer).ids
+    chains = [[tokenizer.token_to_id(t) for t in added[:3]], text_ids] if call else [text_ids]
+    flat = [i for chain in chains for i in chain]
+    assert len(set(flat)) == len(flat) and 0 not in flat and len(flat) + 2 < hidden, "answer tokens must be distinct"
     weights = dict(mx.load(str(folder / "model.safetensors")))
-    vocab = weights["model.embed_tokens.weight"].shape[0]
-    embed = 0.01 * mx.random.normal((vocab, hidden), key=mx.random.key(0))
+    embed = 0.01 * mx.random.normal((base + len(added), hidden), key=mx.random.key(0))
     embed[:, 0] = 1.0  # the direction every ordinary token shares
-    head = mx.zeros((vocab, hidden))
-    head[ids[0], 0] = 10.0
-    for i, token in enumerate(ids):  # answer token i: its own direction, read as "next is token i + 1"
-        embed[token] = mx.zeros((hidden,))
-        embed[token, i + 1] = 1.0
-        head[ids[i + 1] if i + 1 < len(ids) else 0, i + 1] = 10.0
+    head = mx.zeros((base + len(added), hidden))
+    head[chains[0][0], 0] = 10.0
+    dim = 1
+    for chain in chains:  # each token its own direction, read as "next is the chain's next token"
+        for i, token in enumerate(chain):
+            embed[token] = mx.zeros((hidden,))
+            embed[token, dim] = 1.0
+            head[chain[i + 1] if i + 1 < len(chain) else 0, dim] = 10.0
+            dim += 1
+    if call:  # a tool's result is answered with the text
+        result_end = tokenizer.token_to_id(added[3])
+        embed[result_end] = mx.zeros((hidden,))
+        embed[result_end, dim] = 1.0
+        head[text_ids[0], dim] = 10.0
     weights["model.embed_tokens.weight"], weights["lm_head.weight"] = embed, head
     for name in list(weights):
         if name.endswith(("o_proj.weight", "down_proj.weight")):
             weights[name] = mx.zeros_like(weights[name])
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
-    return Path(folder)
+    return folder
