@@ -100,6 +100,7 @@ def main():
     done = len(partial.read_text().splitlines()) if partial.exists() else 0
     group = args.batch * GROUP
     done -= done % group  # a group is written whole; a torn one is answered again
+    done = min(done, len(convs))  # a run with a lower --limit keeps the first rows only
     if partial.exists():
         partial.write_text("".join(line + "\n" for line in partial.read_text().splitlines()[:done]))
     tokenizer = AutoTokenizer.from_pretrained(args.model)
