@@ -23,14 +23,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ "${BLAS_SHIM:-1}" = 1 ]; then eval "$(bash recipes/blas_shim/build.sh)"; fi
-RUN=${RUN:-runs/smollm2}; HERE=recipes/smollm2_drafters
+RUN=${RUN:-runs/smollm2}; HERE=recipes/smollm2_drafters; ANSWERS=${ANSWERS:-$HERE/answers}
 # LIMIT: requests answered per shard. 13 groups of 768 (9,984 a shard, ~20k in all, ~4M answer tokens)
 # take about 4.5 hours on this 2-core machine (~130 answer tokens/s a core); 0 answers all 47k (~10 h).
 SHARDS=${SHARDS:-2}; LIMIT=${LIMIT:-9984}; FOLLOW=${FOLLOW:-1500}
 STEPS=${STEPS:-12000}; PATIENCE=${PATIENCE:-3}; LAYERS=${LAYERS:-3}; TARGET_LAYERS=${TARGET_LAYERS:-1,8,15,22,28}
 BLOCK=${BLOCK:-16}; BATCH=${BATCH:-8}; SEQ=${SEQ:-256}; BPS=${BPS:-8}; RANK=${RANK:-32}
 STAGES=${STAGES:-export,torch,corpus,questions,answers,follow-ups,drafters,install}
-mkdir -p "$RUN/data"
+mkdir -p "$RUN/data" "$RUN/prompts" "$ANSWERS"
 stage() { [[ ",$STAGES," == *",$1,"* ]]; }
 log() { echo "[$(date -u +%FT%TZ)] $*"; }
 TORCH_PY="$RUN/torch-venv/bin/python"
@@ -47,35 +47,42 @@ fi
 
 generate() {  # prompts, out name, more make_data.py flags: SHARDS processes, one core each
   for ((s = 0; s < SHARDS; s++)); do
-    [ -f "$RUN/data/$2-$s.jsonl" ] && continue
-    env -u LD_PRELOAD "$TORCH_PY" $HERE/make_data.py "$RUN/hf" "$1" "$RUN/data/$2-$s.jsonl" --shard $s --shards "$SHARDS" "${@:3}" \
-      2>>"$RUN/data/$2-$s.log" &
+    env -u LD_PRELOAD "$TORCH_PY" $HERE/make_data.py "$RUN/hf" "$1" "$ANSWERS/$2-$s" --shard $s --shards "$SHARDS" \
+      "${@:3}" 2>>"$RUN/data/$2-$s.log" &
   done
   wait
+}
+whole() {  # out name [limit]: every shard's groups in $RUN/data/NAME-S.jsonl, once all are answered
   for ((s = 0; s < SHARDS; s++)); do
-    [ -f "$RUN/data/$2-$s.jsonl" ] || { log "generating $2 shard $s failed: see $RUN/data/$2-$s.log"; exit 1; }
+    python $HERE/groups.py "$ANSWERS/$1-$s" "$RUN/data/$1-$s.jsonl" --expect "${2:-0}" \
+      || { log "$1 shard $s is not done: run this stage again"; exit 1; }
   done
 }
 
-if stage corpus && [ ! -f "$RUN/prompts/topics.jsonl" ]; then
+# The corpus and the answers are kept in the repository (xz): a session's checkout is new, and
+# the answers take hours, so each session goes on from the groups the last one committed.
+if stage corpus && [ ! -f "$ANSWERS/prompts.jsonl.xz" ]; then
   log "corpus (first pass)"; (cd $HERE && python corpus.py "$OLDPWD/$RUN/prompts")
 fi
-if stage questions && [ ! -f "$RUN/prompts/.with-questions" ]; then
+if stage questions && [ ! -f "$ANSWERS/prompts.jsonl.xz" ]; then
   log "questions"; generate "$RUN/prompts/topics.jsonl" topics
-  cat "$RUN"/data/topics-*.jsonl > "$RUN/prompts/topics-answered.jsonl"
+  whole topics; cat "$RUN"/data/topics-*.jsonl > "$RUN/prompts/topics-answered.jsonl"
   (cd $HERE && python corpus.py "$OLDPWD/$RUN/prompts" --questions "$OLDPWD/$RUN/prompts/topics-answered.jsonl")
-  touch "$RUN/prompts/.with-questions"
+  xz -T1 -c "$RUN/prompts/train.jsonl" > "$ANSWERS/prompts.jsonl.xz"
+  cp "$RUN/prompts/sources.json" "$ANSWERS/sources.json"
 fi
 if stage answers; then
-  log "answers"; generate "$RUN/prompts/train.jsonl" train --limit "$LIMIT"
+  log "answers"; generate "$ANSWERS/prompts.jsonl.xz" train --limit "$LIMIT"
+  whole train "$LIMIT"
 fi
 if stage follow-ups; then
   log "follow-ups"
   for ((s = 0; s < SHARDS; s++)); do
-    [ -f "$RUN/data/follow-$s.jsonl" ] || env -u LD_PRELOAD "$TORCH_PY" $HERE/make_data.py "$RUN/hf" "$RUN/data/train-$s.jsonl" \
-      "$RUN/data/follow-$s.jsonl" --follow-up "$FOLLOW" --seed $s 2>>"$RUN/data/follow-$s.log" &
+    env -u LD_PRELOAD "$TORCH_PY" $HERE/make_data.py "$RUN/hf" "$ANSWERS/train-$s" "$ANSWERS/follow-$s" \
+      --follow-up "$FOLLOW" --seed $s 2>>"$RUN/data/follow-$s.log" &
   done
   wait
+  whole follow "$FOLLOW"
 fi
 
 train() {  # name, kind, more `dflash2 train` flags

@@ -1,12 +1,12 @@
 """SmolLM2's own answers to the corpus's requests: the drafters' training data.
 
-    python recipes/smollm2_drafters/make_data.py MODEL_DIR PROMPTS.jsonl OUT.jsonl [--shard I --shards N]
-    python recipes/smollm2_drafters/make_data.py MODEL_DIR ANSWERED.jsonl OUT.jsonl --follow-up 2000
+    python recipes/smollm2_drafters/make_data.py MODEL_DIR PROMPTS.jsonl.xz OUT_DIR [--shard I --shards N]
+    python recipes/smollm2_drafters/make_data.py MODEL_DIR ANSWERED_DIR OUT_DIR --follow-up 1500
 
 Runs in the recipe's PyTorch environment (make.sh builds it), not the package's:
 on this machine's CPUs (AMX) PyTorch's bfloat16 matmuls are the fast path, and
-transformers' batched `generate` answered 96 requests of 256 tokens about 5x
-faster than MLX's CPU build with the BLAS shim (380 against 61 tokens/s, one
+transformers' batched `generate` answered 96 requests (64 new tokens each) about
+6x faster than MLX's CPU build with the BLAS shim (380 against 61 tokens/s, one
 core each; docs/smollm2.md). MODEL_DIR is SmolLM2's GGUF weights written as a
 transformers folder (export_hf.py): the same weights, computed in bfloat16, the
 dtype SmolLM2 was released in.
@@ -16,17 +16,21 @@ it: docs/algorithm.md §6), so each request goes through the chat template and
 the target answers it: two chunks in three greedily (what T = 0 serving sees),
 one in three sampled at T = 1 (the distribution itself; no top-k or top-p).
 Requests are answered in groups of 8 batches, each batch cut from the group's
-requests of similar prompt length (less padding); a group's rows are appended to OUT.partial in request
-order, so a killed run resumes at its last whole group; OUT appears when done.
+requests of similar prompt length (less padding). Each group is written whole, in
+request order, as OUT_DIR/group-NNNNNNN.jsonl.xz (its first request's index): a killed
+run answers only the groups that are missing, and the recipe keeps the groups in the
+repository (recipes/smollm2_drafters/answers/), so a later session on another machine
+goes on where this one stopped.
 Rows are {"prompt": templated conversation, "response": answer, "source",
 "temperature"}, what `dflash2 train --data` reads.
 
---follow-up N takes the first N answered rows of ANSWERED.jsonl and asks a
+--follow-up N takes the first N answered rows of ANSWERED_DIR and asks a
 second question in the same conversation (a multi-turn row).
 """
 
 import argparse
 import json
+import lzma
 import random
 import sys
 import time
@@ -79,8 +83,8 @@ def answer(model, tokenizer, texts: list[str], temperature: float, max_tokens: i
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", type=Path, help="SmolLM2 as a transformers folder (export_hf.py)")
-    ap.add_argument("prompts", type=Path)
-    ap.add_argument("out", type=Path)
+    ap.add_argument("prompts", type=Path, help="requests: a JSONL file (.xz or plain) or a folder of answered groups")
+    ap.add_argument("out", type=Path, help="the folder its answered groups go to (group-NNNNNNN.jsonl.xz)")
     ap.add_argument("--shard", type=int, default=0)
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--batch", type=int, default=96)
@@ -93,46 +97,61 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    rows = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()]
+    rows = read_rows(args.prompts)
     convs = conversations(rows, args.follow_up, args.seed)[args.shard :: args.shards]
     convs = convs[: args.limit] if args.limit else convs
-    partial = args.out.with_suffix(".partial")
-    done = len(partial.read_text().splitlines()) if partial.exists() else 0
     group = args.batch * GROUP
-    done -= done % group  # a group is written whole; a torn one is answered again
-    done = min(done, len(convs))  # a run with a lower --limit keeps the first rows only
-    if partial.exists():
-        partial.write_text("".join(line + "\n" for line in partial.read_text().splitlines()[:done]))
+    todo = [start for start in range(0, len(convs), group) if not group_file(args.out, start).exists()]
+    print(f"{len(convs) - sum(min(group, len(convs) - s) for s in todo)}/{len(convs)} requests answered before",
+          file=sys.stderr, flush=True)
+    if not todo:
+        return
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).eval()
     tic, made = time.time(), 0
-    with partial.open("a") as fh:
-        for start in range(done, len(convs), group):
-            end = min(start + group, len(convs))
-            texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False)
-                     for m, _ in convs[start:end]]
-            answers = [None] * len(texts)
-            # Which requests are sampled is fixed by their chunk of --batch (one in three);
-            # within a group, batches are cut from requests of similar length (less padding).
-            for temp in (0.0, 1.0):
-                picked = [i for i in range(len(texts))
-                          if temp == (0.0 if args.greedy_only or ((start + i) // args.batch) % 3 != 2 else 1.0)]
-                picked.sort(key=lambda i: len(texts[i]))
-                for b in range(0, len(picked), args.batch):
-                    rows = picked[b : b + args.batch]
-                    out, counts = answer(model, tokenizer, [texts[i] for i in rows], temp, args.max_tokens,
-                                         seed=args.seed * 1_000_003 + args.shard * 100_003 + start + b + int(temp))
-                    for i, a in zip(rows, out):
-                        answers[i] = (a, temp)
-                    made += sum(counts)
-            fh.write("".join(json.dumps({"prompt": t, "response": a, "source": src, "temperature": temp,
-                                         "request": m[-1]["content"] if len(m) == 1 else None}) + "\n"
-                             for (m, src), t, (a, temp) in zip(convs[start:end], texts, answers)))
-            fh.flush()
-            print(f"{end}/{len(convs)} requests, {made} answer tokens this run, {made / (time.time() - tic):.0f} tokens/s",
-                  file=sys.stderr, flush=True)
-    partial.replace(args.out)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for start in todo:
+        end = min(start + group, len(convs))
+        texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False)
+                 for m, _ in convs[start:end]]
+        answers = [None] * len(texts)
+        # Which requests are sampled is fixed by their chunk of --batch (one in three);
+        # within a group, batches are cut from requests of similar length (less padding).
+        for temp in (0.0, 1.0):
+            picked = [i for i in range(len(texts))
+                      if temp == (0.0 if args.greedy_only or ((start + i) // args.batch) % 3 != 2 else 1.0)]
+            picked.sort(key=lambda i: len(texts[i]))
+            for b in range(0, len(picked), args.batch):
+                rows = picked[b : b + args.batch]
+                out, counts = answer(model, tokenizer, [texts[i] for i in rows], temp, args.max_tokens,
+                                     seed=args.seed * 1_000_003 + args.shard * 100_003 + start + b + int(temp))
+                for i, a in zip(rows, out):
+                    answers[i] = (a, temp)
+                made += sum(counts)
+        lines = "".join(json.dumps({"prompt": t, "response": a, "source": src, "temperature": temp,
+                                    "request": m[-1]["content"] if len(m) == 1 else None}) + "\n"
+                        for (m, src), t, (a, temp) in zip(convs[start:end], texts, answers))
+        path = group_file(args.out, start)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(lzma.compress(lines.encode()))
+        tmp.replace(path)  # a group file is whole or absent
+        print(f"group {start}-{end} of {len(convs)} requests written, {made} answer tokens this run, "
+              f"{made / (time.time() - tic):.0f} tokens/s", file=sys.stderr, flush=True)
+
+
+def group_file(folder: Path, start: int) -> Path:
+    return folder / f"group-{start:07d}.jsonl.xz"
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of a JSONL file (.xz or plain) or of a folder of group files, in order."""
+    files = sorted(path.glob("group-*.jsonl.xz")) if path.is_dir() else [path]
+    rows = []
+    for f in files:
+        text = lzma.decompress(f.read_bytes()).decode() if f.suffix == ".xz" else f.read_text()
+        rows += [json.loads(line) for line in text.splitlines() if line.strip()]
+    return rows
 
 
 if __name__ == "__main__":
