@@ -12,52 +12,16 @@ import mlx.core as mx
 
 from ...errors import CheckpointError, DFlashError
 from .config import architecture, mlx_lm_config, value
+from .read import check_gguf_file, read_gguf
 from .tokenizer import write_tokenizer
-from .weights import check_complete, mlx_lm_weights
-
-# Tensor types MLX's GGUF reader keeps quantized; gguflib turns some others into float16.
-NATIVE_TYPES = ("F32", "F16", "Q4_0", "Q4_1", "Q8_0")
-
-
-def read_gguf(path: Path) -> tuple[dict, dict]:
-    """(tensors, metadata) through MLX's own GGUF reader; its failures become one line."""
-    check_gguf_file(path)
-    try:
-        return mx.load(str(path), return_metadata=True)
-    except Exception as e:  # MLX says only "gguf_tensor_to_f16 failed": name the type when we can
-        raise CheckpointError(f"GGUF '{path}' does not load in MLX ({_unreadable(path) or str(e).splitlines()[0]}): "
-                              f"MLX reads {', '.join(NATIVE_TYPES)} tensors; requantize the model to one of "
-                              "those (llama-quantize) or use an mlx-lm folder") from None
-
-
-def check_gguf_file(path: Path) -> None:
-    """Refuse a path that is not a GGUF file (missing, a folder, other bytes) before any work."""
-    if not path.is_file():
-        raise CheckpointError(f"GGUF file '{path}' does not exist")
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise CheckpointError(f"'{path}' is not a GGUF file (it does not start with 'GGUF')")
-
-
-def _unreadable(path: Path) -> Optional[str]:
-    """Which tensor types in `path` MLX does not keep, read with the `gguf` package when installed."""
-    try:
-        from gguf import GGUFReader
-    except ImportError:
-        return None
-    try:
-        kinds = sorted({t.tensor_type.name for t in GGUFReader(str(path)).tensors} - set(NATIVE_TYPES))
-    except Exception:
-        return None
-    return f"it holds {', '.join(kinds)} tensors" if kinds else None
-
+from .weights import check_complete, check_types, mlx_lm_weights
 
 def convert_gguf(path: Path, out: Path) -> Path:
     """Write the mlx-lm folder `out` (which must not exist) for the GGUF file `path`.
 
     Quantized tensors stay packed (MLX affine, group 32, bits per tensor, in
-    config.json's "quantization" as mlx-lm writes it); float tensors keep their
-    dtype. The folder is written beside `out` and renamed into place, so a
+    config.json's "quantization" as mlx-lm writes it; repack.py says how each
+    GGML type maps); float tensors keep their dtype. The folder is written beside `out` and renamed into place, so a
     failure leaves nothing behind."""
     path, out = Path(path), Path(out)
     if out.exists():
@@ -65,6 +29,7 @@ def convert_gguf(path: Path, out: Path) -> Path:
     tensors, metadata = read_gguf(path)
     where = str(path)
     arch = architecture(metadata, where)
+    check_types(tensors, where)
     check_complete(tensors, arch, int(_layers(metadata)), where)
     config = mlx_lm_config(metadata, tensors, where)
     weights, quant = mlx_lm_weights(tensors, arch, config, where)
