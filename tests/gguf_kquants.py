@@ -106,6 +106,17 @@ def q6_k(x):
     return np.concatenate([ql.astype(np.uint8), qh.astype(np.uint8), sc.view(np.uint8), _f16(d)], axis=1)
 
 
+IQ4_NL_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+
+
+def iq4_nl(x):
+    """(n, 32) rows -> IQ4_NL blocks: fp16 d, then each value's nearest level as Q4_0 packs nibbles."""
+    peak = np.take_along_axis(x, np.abs(x).argmax(-1)[:, None], -1)
+    d = (peak / IQ4_NL_LEVELS[0]).astype(np.float16).astype(np.float32)
+    q = np.abs(_div(x, d)[..., None] - IQ4_NL_LEVELS).argmin(-1).astype(np.uint8)
+    return np.concatenate([_f16(d), (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8)], axis=1)
+
+
 QUANTIZERS = {"Q2_K": q2_k, "Q3_K": q3_k, "Q4_K": q4_k, "Q5_K": q5_k, "Q6_K": q6_k}
 
 
@@ -113,6 +124,8 @@ def quantize(w: np.ndarray, kind: str) -> np.ndarray:
     """Rows of `w` (cols a multiple of 256) as `kind` blocks, shaped (rows, row bytes) as gguf's writer takes them."""
     import gguf
 
+    if kind == "IQ4_NL":
+        return iq4_nl(w.reshape(-1, 32).astype(np.float32)).reshape(w.shape[0], -1)
     if kind.startswith("IQ"):  # no quantizer anywhere in Python: zero blocks, for the refusal tests
         values, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
         return np.zeros((w.shape[0], w.shape[1] // values * size), np.uint8)

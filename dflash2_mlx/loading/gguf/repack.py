@@ -7,6 +7,11 @@ Python. Which home each GGML type gets, and why:
   at 8, 4, 4, 5, 5 bits as they are: q is the stored integer (signed types shifted to
   unsigned), scale = d, bias = -offset·d or m. Exact: offset·d is a power-of-two multiple of
   an fp16 number.
+- IQ4_NL: 32 values per fp16 d, each d times one of 16 integer levels in -127..113, so an
+  8-bit group with q = level + 128, scale = d, bias = -128·d: exact, at twice its bytes.
+  llama.cpp writes it for Q2_K/Q3_K rows that are not a multiple of 256 (SmolLM2's 576),
+  so real Q2_K and Q3_K_M files of such models hold it. The other IQ types and the ternary
+  ones are refused (weights.check_types).
 - Q4_K, Q5_K: sub-blocks of 32 with 6-bit scale and min indices under two fp16 super-scales:
   w = d·sc·q − dmin·m, so 4- and 5-bit groups of 32 with scale = d·sc, bias = −dmin·m. Those
   products need up to 17 significant bits; they are rounded once to float16 (relative error
@@ -29,7 +34,8 @@ import numpy as np
 
 GROUP_SIZE = 32
 FLOAT_TYPES = ("F32", "F16", "BF16")
-EXACT_BITS = {"Q8_0": 8, "Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q4_K": 4, "Q5_K": 5}
+EXACT_BITS = {"Q8_0": 8, "Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q4_K": 4, "Q5_K": 5, "IQ4_NL": 8}
+IQ4_NL_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int16)
 REQUANTIZED_BITS = {"Q6_K": 6, "Q3_K": 3, "Q2_K": 2}
 SUPPORTED = FLOAT_TYPES + tuple(EXACT_BITS) + tuple(REQUANTIZED_BITS)
 CHUNK_ROWS = 4096  # rows converted at a time: bounds the temporaries of a 128k-row embedding
@@ -79,6 +85,10 @@ def decode_blocks(kind: str, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray
     if kind == "Q8_0":
         d = _f16(blocks[:, :2])
         q = (blocks[:, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+        return q, d, -128 * d
+    if kind == "IQ4_NL":
+        d = _f16(blocks[:, :2])
+        q = (IQ4_NL_LEVELS[_nibbles(blocks[:, 2:], n).reshape(n, 32)] + 128).astype(np.uint8)
         return q, d, -128 * d
     if kind in ("Q4_0", "Q5_0"):
         d = _f16(blocks[:, :2])
