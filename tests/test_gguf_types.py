@@ -232,3 +232,51 @@ def test_a_sentencepiece_vocabulary_tokenizes_as_sentencepiece_does(tmp_path, fa
     for text in texts:
         assert ours.encode(text) == [sp.bos_id()] + sp.encode(text), text
         assert ours.decode(sp.encode(text)) == text
+
+
+# -- DFlash on a GGUF target, and the converted folders in mlx-lm itself -------------------------
+
+
+def test_dflash2_on_a_k_quant_qwen3_gguf_target_is_token_identical_to_ar(cli, tmp_path):
+    from test_cli import parse_one_json
+
+    from dflash2_mlx.tools.synthetic import drafter_config_dict, write_drafter
+
+    mix = {"token_embd.weight": "Q6_K", "blk.0.ffn_down.weight": "Q6_K", "blk.1.attn_v.weight": "Q5_0"}
+    path, config, _ = write_gguf(tmp_path / "m.gguf", "qwen3", "Q4_K", "Q4_K", dims=KQUANT, raw_types=mix)
+    drafter = write_drafter(tmp_path / "drafter", drafter_config_dict(config, "dflash2", block_size=8))
+    runs = {}
+    for name, flags in (("ar", ["--ar"]), ("dflash2", ["--drafter", drafter, "--block-size", 8])):
+        code, out, err = cli(["generate", "--model", path, *flags, "-p", "def add(a, b):", "-m", 24, "--json"])
+        assert code == 0, err
+        runs[name] = parse_one_json(out)
+    assert runs["dflash2"]["stats"]["mode"] == "dflash2" and runs["dflash2"]["stats"]["target_passes"] > 0
+    assert runs["dflash2"]["token_ids"] == runs["ar"]["token_ids"] and len(runs["ar"]["token_ids"]) == 24
+
+
+@pytest.mark.parametrize("name", ["llama3-rope", "gemma3", "phi3"])
+def test_a_converted_folder_runs_in_mlx_lm_generate_as_it_is(tmp_path, name):
+    from mlx_lm import load, stream_generate
+
+    path, config, reference = write_gguf(tmp_path / "m.gguf", linear="Q4_K", embed="Q6_K",
+                                         **{**FAMILIES[name], "dims": _kquant_dims(FAMILIES[name])})
+    folder = convert_gguf(path, tmp_path / "out")
+    model, tokenizer = load(str(folder))
+    model.set_dtype(mx.float32)  # fp32 as the oracle: tiny random models have near-ties
+    prompt = tokenizer.encode("def add(a, b):")
+    got = [r.token for r in stream_generate(model, tokenizer, prompt, max_tokens=12)]
+    # The oracle: the folder's weights dequantized into mlx-lm's float model, greedy step by step.
+    from mlx_lm.utils import dequantize_model, load_model
+
+    dense = dequantize_model(load_model(folder)[0])
+    dense.set_dtype(mx.float32)
+    ids = list(prompt)
+    for _ in range(12):
+        ids.append(int(mx.argmax(dense(mx.array([ids]))[0, -1]).item()))
+    assert got == ids[len(prompt):]
+
+
+def _kquant_dims(kwargs: dict) -> Dims:
+    """The family's test dimensions widened so every row is a whole K-quant block of 256."""
+    d = kwargs.get("dims", SMALL)
+    return Dims(hidden=256, layers=d.layers, heads=4, kv_heads=d.kv_heads, head_dim=64, ff=512)

@@ -46,6 +46,7 @@ CASES = {
     "llama": ("llama", {}),
     "llama_sliding": ("llama", dict(layer_types=["sliding_attention", "full_attention"] * 2, sliding_window=WINDOW)),
     "mistral": ("mistral", {}),
+    "phi3": ("phi3", {}),
     "qwen3_5": ("qwen3_5", {}),
     "qwen3_5_moe": ("qwen3_5_moe", {}),
     "qwen3_next": ("qwen3_next", {}),

@@ -27,6 +27,8 @@ TARGET_CONFIGS = {
     "qwen2": dict(rope_theta=10000.0, max_position_embeddings=2048),
     "llama": dict(head_dim=16, rope_theta=10000.0, max_position_embeddings=2048),
     "mistral": dict(head_dim=16, rope_theta=10000.0, max_position_embeddings=2048),
+    # Phi-3: fused qkv and gate_up projections (its GGUF files keep them fused too).
+    "phi3": dict(rope_theta=10000.0, max_position_embeddings=2048, original_max_position_embeddings=2048),
     "qwen3_moe": dict(
         head_dim=16, rope_theta=10000.0, max_position_embeddings=2048, num_experts=4,
         num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[], moe_intermediate_size=32,

@@ -41,7 +41,7 @@ def run_layers(family: "Family", inner: nn.Module, layers: list, h: mx.array, ca
 
 
 def _one_mask(inner, layers, h, cache) -> list:
-    """Qwen3, Qwen2, Qwen3-MoE: one mask from cache[0] for every layer."""
+    """Qwen3, Qwen2, Qwen3-MoE, Phi-3: one mask from cache[0] for every layer."""
     return [create_attention_mask(h, cache[0])] * len(layers)
 
 
@@ -165,6 +165,7 @@ FAMILIES: dict[str, Family] = {
     "qwen3": Family(_one_mask),
     "qwen2": Family(_one_mask),
     "qwen3_moe": Family(_one_mask),
+    "phi3": Family(_one_mask),
     "llama": Family(_llama_masks),
     "mistral": Family(_llama_masks),
     "qwen3_5": _HYBRID,
