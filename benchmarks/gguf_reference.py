@@ -1,10 +1,12 @@
 """The GGUF converter checked against an independent implementation: transformers' own
-GGUF loader (`from_pretrained(dir, gguf_file=...)`, which dequantizes with the `gguf`
-package and builds the tokenizer its own way).
+GGUF loader (`from_pretrained(dir, gguf_file=...)`, which dequantizes every GGML type itself
+and builds the tokenizer its own way).
 
-For 3 chat prompts it compares the prompt's token ids (both tokenizers), the logits of the
+For each file: the conversion time, the converted model's bytes in memory against the
+file's, and for 3 chat prompts the prompt's token ids (both tokenizers), the logits of the
 prompt's forward pass (mlx-lm on the converted folder, packed weights, fp32 activations, vs
-torch fp32 on transformers' dequantized weights) and 64 greedy tokens. Writes a JSON record.
+torch fp32 on transformers' dequantized weights) and 64 greedy tokens. Writes a JSON record
+with one entry per file.
 
 Needs torch, which this project does not depend on (and which would slow transformers'
 import for everything else): run it from an environment that has torch and gguf and sees
@@ -12,8 +14,8 @@ this checkout, e.g.
 
     python -m venv /tmp/ref && /tmp/ref/bin/pip install torch==2.13.0 gguf
     echo "$PWD/.venv/lib/python3.11/site-packages" > /tmp/ref/lib/python3.11/site-packages/zz.pth
-    PYTHONPATH=. /tmp/ref/bin/python benchmarks/gguf_reference.py MODEL.gguf \
-        --json docs/results/gguf-reference-smollm2.json
+    PYTHONPATH=. /tmp/ref/bin/python benchmarks/gguf_reference.py A.gguf [B.gguf ...] \
+        --json benchmarks/results/gguf-reference.json
 
 `--no-unpermute` converts without undoing llama.cpp's q/k row permutation, to show that
 the check catches it.
@@ -75,30 +77,26 @@ def torch_side(gguf: Path, texts: list[str]):
     return ids_all, logits, greedy
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("gguf", type=Path)
-    ap.add_argument("--json", type=Path)
-    ap.add_argument("--no-unpermute", action="store_true")
-    args = ap.parse_args()
+def check_file(path: Path, tmp: Path, args) -> dict:
     import numpy as np
+    from mlx.utils import tree_flatten
     from mlx_lm.tokenizer_utils import load as load_tokenizer
+    from mlx_lm.utils import load_model
 
-    from dflash2_mlx.loading.gguf import weights as gguf_weights
     from dflash2_mlx.loading.gguf.convert import convert_gguf
 
-    if args.no_unpermute:
-        gguf_weights.unpermute_rows = lambda x, heads: x
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        folder = convert_gguf(args.gguf, Path(tmp) / "model")
-        convert_s = time.perf_counter() - t0
-        tokenizer = load_tokenizer(folder)
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                               tokenize=False) for p in PROMPTS]
-        ours = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
-        ref_ids, ref_logits, ref_greedy = torch_side(args.gguf, texts)
-        our_logits, our_greedy = mlx_side(folder, ours)
+    t0 = time.perf_counter()
+    folder = convert_gguf(path, tmp / path.stem)
+    convert_s = time.perf_counter() - t0
+    model, _ = load_model(folder)
+    memory = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    del model
+    tokenizer = load_tokenizer(folder)
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                           tokenize=False) for p in PROMPTS]
+    ours = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    ref_ids, ref_logits, ref_greedy = torch_side(path, texts)
+    our_logits, our_greedy = mlx_side(folder, ours)
     rows = []
     for p, a, b, la, lb, ga, gb in zip(PROMPTS, ours, ref_ids, our_logits, ref_logits, our_greedy, ref_greedy):
         diff = np.abs(la - lb) if la.shape == lb.shape else None
@@ -111,12 +109,33 @@ def main():
             "greedy_tokens": len(ga), "greedy_identical": ga == gb, "first_greedy_divergence": first,
             "greedy_text": tokenizer.decode(ga),
         })
-    record = {"gguf": args.gguf.name, "reference": "transformers GGUF loader (torch fp32, gguf dequantization)",
-              "unpermuted_qk": not args.no_unpermute, "convert_s": round(convert_s, 2), "prompts": rows}
+    return {"gguf": path.name, "file_bytes": path.stat().st_size, "memory_bytes": int(memory),
+            "memory_over_file": round(memory / path.stat().st_size, 3), "convert_s": round(convert_s, 2),
+            "unpermuted_qk": not args.no_unpermute, "prompts": rows}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("gguf", type=Path, nargs="+")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--no-unpermute", action="store_true")
+    args = ap.parse_args()
+    from dflash2_mlx.loading.gguf import weights as gguf_weights
+
+    if args.no_unpermute:
+        gguf_weights.unpermute_rows = lambda x, heads: x
+    files = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in args.gguf:
+            files.append(check_file(path, Path(tmp), args))
+            print(json.dumps({k: v for k, v in files[-1].items() if k != "prompts"}), flush=True)
+    record = {"reference": "transformers GGUF loader (torch fp32, its own dequantization and tokenizer)",
+              "greedy_tokens": GREEDY_TOKENS, "files": files}
     text = json.dumps(record, indent=2)
-    print(text)
     if args.json:
         args.json.write_text(text + "\n")
+    else:
+        print(text)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 TEXTS = ["def add(a, b):\n    return a + b  # 12345 + 678\n\n\n\tx",
          "The capital   of France's 1999 é 中文 🙂\r\n end", "I'll  we've 3.14159 ABC's <|im_start|>user"]
-RULES = [("qwen2", "qwen2"), ("llama", "llama-bpe"), ("llama", "smollm"), ("llama", "gpt2")]
+RULES = [("qwen2", "qwen2"), ("llama", "llama-bpe"), ("llama", "smollm"), ("llama", "gpt2"), ("llama", "tekken")]
 
 
 def main():

@@ -168,8 +168,8 @@ def llama3_rope_freqs(dims: Dims, theta: float, factor: float, low: float, high:
 def write_gguf(path: Path, family: str = "llama", linear: str = "Q8_0", embed: str = "Q8_0", tie: bool = True,
                arch: str | None = None, tokenizer_model: str = "gpt2", pre: str = "gpt2", drop: tuple = (),
                raw_types: dict | None = None, huge: str | None = None, dims: Dims = SMALL,
-               llama3_rope: dict | None = None, sliding_window: int = 4,
-               theta: float = ROPE_THETA) -> tuple[Path, dict, dict]:
+               llama3_rope: dict | None = None, sliding_window: int = 4, theta: float = ROPE_THETA,
+               extra_tensors: dict | None = None, extra_kv: dict | None = None) -> tuple[Path, dict, dict]:
     """Write a tiny `family` GGUF (a llama.cpp architecture name); returns (path, mlx-lm config,
     float reference weights under mlx-lm's names).
 
@@ -177,7 +177,8 @@ def write_gguf(path: Path, family: str = "llama", linear: str = "Q8_0", embed: s
     tensor names to leave out; `raw_types`: GGUF name -> type, overriding the others; `huge`: a
     GGUF tensor given one value past float16's range; `tokenizer_model` "llama" writes a
     SentencePiece vocabulary (tiny_spm) instead of the byte-level BPE; `llama3_rope`: Llama 3's
-    rope-scaling parameters, written as llama.cpp does (a rope_freqs tensor)."""
+    rope-scaling parameters, written as llama.cpp does (a rope_freqs tensor); `extra_tensors` /
+    `extra_kv`: more F32 tensors / string metadata, as files this converter must refuse carry."""
     import gguf
     from gguf import GGMLQuantizationType as T
 
@@ -225,6 +226,10 @@ def write_gguf(path: Path, family: str = "llama", linear: str = "Q8_0", embed: s
     writer.add_chat_template(TEMPLATE)
     if gemma:
         writer.add_sliding_window(sliding_window)
+    for key, val in (extra_kv or {}).items():
+        writer.add_string(key, val)
+    for name, val in (extra_tensors or {}).items():
+        writer.add_tensor(name, np.asarray(val, np.float32))
     reference = {}
     for hf, w in weights.items():
         name = gguf_name(hf, model_type)

@@ -85,13 +85,18 @@ UNSUPPORTED = {  # what breaks the file -> a word the one line must say (types: 
     "tokenizer kind": (dict(tokenizer_model="rwkv"), "rwkv"),
     "pre-tokenizer": (dict(pre="falcon"), "falcon"),
     "missing tensor": (dict(drop=("blk.1.ffn_down.weight",)), "blk.1.ffn_down.weight"),
+    "yarn rope": (dict(extra_kv={"llama.rope.scaling.type": "yarn"}), "yarn"),
+    "phi-3 longrope": (dict(family="phi3", extra_tensors={"rope_factors_long.weight": [1.0] * 8,
+                                                          "rope_factors_short.weight": [1.0] * 8}), "LongRoPE"),
+    "llama 3 factors": (dict(extra_tensors={"rope_freqs.weight": [1.0, 3.0, 1.5, 8.0, 2.0, 8.0, 1.0, 8.0]}),
+                        "rope_freqs"),
 }
 
 
 @pytest.mark.parametrize("case", list(UNSUPPORTED))
 def test_an_unsupported_file_is_one_line(cli, tmp_path, case):
     kwargs, word = UNSUPPORTED[case]
-    path, _, _ = write_gguf(tmp_path / "m.gguf", "llama", **kwargs)
+    path, _, _ = write_gguf(tmp_path / "m.gguf", **{"family": "llama", **kwargs})
     code, out, err = cli(["convert", path, tmp_path / "out"])
     assert_one_line_error(code, out, err)
     assert word in err

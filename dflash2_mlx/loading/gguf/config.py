@@ -44,7 +44,7 @@ ARCHITECTURES = {
         block=("attn_norm.weight", "attn_qkv.weight", "attn_output.weight", "ffn_norm.weight", "ffn_up.weight",
                "ffn_down.weight"),
         names={"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
-        config_tensors=("rope_factors_long.weight", "rope_factors_short.weight")),
+    ),
 }
 # Gemma 3 as llama.cpp runs it (src/llama-model.cpp): every 6th layer global, local rope base 10k.
 GEMMA3_PATTERN, GEMMA3_LOCAL_BASE, GEMMA3_27B_LAYERS = 6, 10000.0, 62
@@ -134,9 +134,11 @@ def rope_scaling(metadata: dict, tensors: dict, a: str, config: dict, where: str
     kind = value(metadata, f"{a}.rope.scaling.type", "none")
     if "rope_freqs.weight" in tensors:  # Llama 3.1+: llama.cpp stores the per-frequency factors
         return llama3_scaling(factors(tensors["rope_freqs.weight"]), config, metadata, a, where)
-    if "rope_factors_long.weight" in tensors:  # Phi-3 128k: LongRoPE's two factor lists
-        return {"type": "longrope", "long_factor": factors(tensors["rope_factors_long.weight"]).tolist(),
-                "short_factor": factors(tensors["rope_factors_short.weight"]).tolist()}
+    if "rope_factors_long.weight" in tensors:
+        # Phi-3 128k: llama.cpp switches between the short and long factors by context length,
+        # mlx-lm's SuScaledRoPE always applies the long ones: not the same model at short contexts.
+        raise ConfigError(f"GGUF '{where}' uses LongRoPE (Phi-3 128k), which mlx-lm runs differently from "
+                          "llama.cpp at short contexts: use the 4k variant or an mlx-lm folder of the model")
     if kind == "none":
         return None
     factor = value(metadata, f"{a}.rope.scaling.factor")

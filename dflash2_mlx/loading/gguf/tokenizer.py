@@ -21,6 +21,10 @@ CONTROL, USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values (llama.cpp's ll
 
 _QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
           r"|\s+(?!\S)|\s+")
+# Mistral's Tekken vocabulary (Nemo, Small): letters split by case as in its tokenizer.json.
+_TEKKEN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+           r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+           r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
@@ -33,14 +37,14 @@ def _pre_tokenizer(pre: str):
         return p.ByteLevel(add_prefix_space=False, use_regex=True), False
     if pre == "smollm":  # SmolLM's tokenizer.json: digits one by one, then GPT-2's split
         return p.Sequence([p.Digits(individual_digits=True), p.ByteLevel(add_prefix_space=False, use_regex=True)]), False
-    if pre in ("qwen2", "llama-bpe"):
-        pattern = _QWEN2 if pre == "qwen2" else _LLAMA3
+    if pre in ("qwen2", "llama-bpe", "tekken"):
+        pattern = {"qwen2": _QWEN2, "llama-bpe": _LLAMA3, "tekken": _TEKKEN}[pre]
         split = p.Split(Regex(pattern), behavior="isolated", invert=False)
         return p.Sequence([split, p.ByteLevel(add_prefix_space=False, use_regex=False)]), pre == "llama-bpe"
     return None
 
 
-KNOWN_PRE = ("gpt2", "default", "smollm", "qwen2", "llama-bpe")
+KNOWN_PRE = ("gpt2", "default", "smollm", "qwen2", "llama-bpe", "tekken")
 
 
 def build_tokenizer(metadata: dict, where: str):
