@@ -124,18 +124,21 @@ def main():
 
     if args.no_unpermute:
         gguf_weights.unpermute_rows = lambda x, heads: x
-    files = []
+    from dflash2_mlx.files import atomic_write_text
+
+    record = {"reference": "transformers GGUF loader (torch fp32, its own dequantization and tokenizer)",
+              "greedy_tokens": GREEDY_TOKENS, "files": []}
     with tempfile.TemporaryDirectory() as tmp:
         for path in args.gguf:
-            files.append(check_file(path, Path(tmp), args))
-            print(json.dumps({k: v for k, v in files[-1].items() if k != "prompts"}), flush=True)
-    record = {"reference": "transformers GGUF loader (torch fp32, its own dequantization and tokenizer)",
-              "greedy_tokens": GREEDY_TOKENS, "files": files}
-    text = json.dumps(record, indent=2)
-    if args.json:
-        args.json.write_text(text + "\n")
-    else:
-        print(text)
+            try:
+                record["files"].append(check_file(path, Path(tmp), args))
+            except Exception as e:  # one file's failure (ours or the reference's) is a row, not the end
+                record["files"].append({"gguf": path.name, "error": f"{type(e).__name__}: {e}".splitlines()[0]})
+            print(json.dumps({k: v for k, v in record["files"][-1].items() if k != "prompts"}), flush=True)
+            if args.json:  # after every file: a long run that stops keeps what it measured
+                atomic_write_text(args.json, json.dumps(record, indent=2) + "\n")
+    if not args.json:
+        print(json.dumps(record, indent=2))
 
 
 if __name__ == "__main__":

@@ -215,6 +215,7 @@ def write_gguf(path: Path, family: str = "llama", linear: str = "Q8_0", embed: s
         writer.add_unk_token_id(sp.unk_id())
         writer.add_bos_token_id(sp.bos_id())
         writer.add_eos_token_id(sp.eos_id())
+        writer.add_pad_token_id(sp.unk_id())  # as real files name one (transformers' Phi-3 default is 32000)
         writer.add_add_bos_token(True)
         writer.add_add_space_prefix(not gemma)
     else:
