@@ -11,16 +11,17 @@ from . import ui
 
 def convert(
     model: Annotated[str, typer.Argument(
-        metavar="MODEL", help="A .gguf file (llama, qwen2, qwen3) or a named source ('smollm2').", show_default=False)],
+        metavar="MODEL", help="A .gguf file (llama, mistral, qwen2, qwen3, gemma3, phi3) or a named source ('smollm2').", show_default=False)],
     out: Annotated[Path, typer.Argument(
         metavar="OUT_DIR", help="New folder to write (must not exist).", show_default=False)],
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
 ):
     """Convert a GGUF model to an mlx-lm folder (config.json, model.safetensors, tokenizer files).
 
-    Q4_0, Q4_1 and Q8_0 tensors stay packed as MLX affine quantization, recorded
-    in config.json as mlx-lm does; the tokenizer and chat template come from the
-    file's metadata. docs/gguf.md says what is supported."""
+    Quantized tensors (Q4_K_M, Q5_K_M, Q6_K, Q8_0, ... files) stay packed as MLX
+    affine quantization, recorded in config.json as mlx-lm does; the tokenizer and
+    chat template come from the file's metadata. docs/gguf.md says what is
+    supported and how exactly each type is held."""
     from dflash2_mlx.errors import DFlashError
     from dflash2_mlx.loading.gguf.convert import convert_gguf
     from dflash2_mlx.loading.sources import fetch_source, is_named_source
