@@ -55,12 +55,16 @@ def mlx_side(folder: Path, prompts_ids: list[list[int]]):
     return logits, greedy
 
 
-def torch_side(gguf: Path, texts: list[str]):
+def torch_side(gguf: Path, texts: list[str], llama3_rope: dict | None = None):
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if llama3_rope:  # transformers' GGUF loader ignores rope_freqs: give it the model's own parameters
+        config.rope_parameters = {**config.rope_parameters, "rope_type": "llama3", **llama3_rope}
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, config=config,
+                                                 dtype=torch.float32)
     model.eval()
     ids_all, logits, greedy = [], [], []
     for text in texts:
@@ -83,6 +87,8 @@ def check_file(path: Path, tmp: Path, args) -> dict:
     from mlx_lm.tokenizer_utils import load as load_tokenizer
     from mlx_lm.utils import load_model
 
+    from gguf import GGUFReader
+
     from dflash2_mlx.loading.gguf.convert import convert_gguf
 
     t0 = time.perf_counter()
@@ -95,7 +101,12 @@ def check_file(path: Path, tmp: Path, args) -> dict:
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                            tokenize=False) for p in PROMPTS]
     ours = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
-    ref_ids, ref_logits, ref_greedy = torch_side(path, texts)
+    llama3 = None
+    if args.llama3_rope and "rope_freqs.weight" in {t.name for t in GGUFReader(str(path)).tensors}:
+        names = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        llama3 = dict(zip(names, (float(v) for v in args.llama3_rope.split(","))))
+        llama3["original_max_position_embeddings"] = int(llama3["original_max_position_embeddings"])
+    ref_ids, ref_logits, ref_greedy = torch_side(path, texts, llama3)
     our_logits, our_greedy = mlx_side(folder, ours)
     rows = []
     for p, a, b, la, lb, ga, gb in zip(PROMPTS, ours, ref_ids, our_logits, ref_logits, our_greedy, ref_greedy):
@@ -111,7 +122,7 @@ def check_file(path: Path, tmp: Path, args) -> dict:
         })
     return {"gguf": path.name, "file_bytes": path.stat().st_size, "memory_bytes": int(memory),
             "memory_over_file": round(memory / path.stat().st_size, 3), "convert_s": round(convert_s, 2),
-            "unpermuted_qk": not args.no_unpermute, "prompts": rows}
+            "unpermuted_qk": not args.no_unpermute, "reference_llama3_rope": llama3, "prompts": rows}
 
 
 def main():
@@ -119,6 +130,9 @@ def main():
     ap.add_argument("gguf", type=Path, nargs="+")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--no-unpermute", action="store_true")
+    ap.add_argument("--llama3-rope", metavar="FACTOR,LOW,HIGH,ORIG",
+                    help="for files with rope_freqs, the model's Llama 3 rope parameters, which transformers' GGUF "
+                         "loader does not read (it runs such files unscaled): e.g. 8,1,4,8192 for Llama 3.1")
     args = ap.parse_args()
     from dflash2_mlx.loading.gguf import weights as gguf_weights
 

@@ -6,8 +6,9 @@ Written by the tests' writer (tests/gguf_files.py: gguf-py's GGUFWriter, random 
 real metadata keys and tensor layouts): `type-<T>.gguf`, a llama with every 2-D tensor of
 type T (hidden 256, so K-quant rows are whole blocks), and `family-<F>.gguf` for llama with
 Llama 3 rope scaling, qwen2, qwen3, gemma3, phi3 and mistral (llama with a SentencePiece
-vocabulary), in Q8_0. Gemma 3 gets head_dim 256 as the real models have: transformers fills
-its missing `query_pre_attn_scalar` with 256 where llama.cpp (and this converter) use head_dim.
+vocabulary), in Q8_0. Gemma 3 gets head_dim 256 and Qwen3 128, as the real models have:
+transformers' GGUF loader reads neither from the file (it fills Gemma's `query_pre_attn_scalar`
+with 256 where llama.cpp and this converter use head_dim, and Qwen3's head_dim with 128).
 """
 
 import argparse
@@ -24,7 +25,7 @@ FAMILIES = {
     "llama3-rope": dict(family="llama", dims=Dims(hidden=256, heads=4, kv_heads=2, head_dim=64, ff=512),
                         theta=500000.0, llama3_rope=dict(factor=8.0, low=1.0, high=4.0, orig=64)),
     "qwen2": dict(family="qwen2"),
-    "qwen3": dict(family="qwen3"),
+    "qwen3": dict(family="qwen3", dims=Dims(hidden=256, heads=2, kv_heads=1, head_dim=128, ff=512)),
     "gemma3": dict(family="gemma3", tokenizer_model="llama",
                    dims=Dims(hidden=256, layers=6, heads=2, kv_heads=1, head_dim=256, ff=512), sliding_window=4),
     "phi3": dict(family="phi3", tokenizer_model="llama"),

@@ -69,11 +69,11 @@ def test_each_type_repacks_onto_mlx_groups_of_32(kind):
         assert err.max() > 0  # the premise: the products do not all fit fp16
     else:
         # Pairs of sub-blocks on one grid: at most half a step, plus the fp16 rounding of s and b;
-        # and on the whole less than the format's own rounding of the weights (measured here:
-        # 0.69x for Q6_K, 0.6x for Q3_K, 0.86x for Q2_K), which a grid built from a misread scale is not.
+        # and on the whole less than half the format's own rounding of the weights (measured here:
+        # 0.2x for Q6_K, 0.4x for Q3_K, 0.43x for Q2_K), which a grid built from a misread scale is not.
         qmax = 2 ** packed.bits - 1
         assert (err <= 0.5 * scale + 2.0 ** -11 * (qmax * scale + bias) * 1.01).all()
-        assert np.sqrt(((got - want) ** 2).mean()) < np.sqrt(((want - w) ** 2).mean())
+        assert np.sqrt(((got - want) ** 2).mean()) < 0.5 * np.sqrt(((want - w) ** 2).mean())
 
 
 def test_a_q4_k_repack_with_its_nibbles_or_sub_block_scales_wrong_is_caught(monkeypatch):
@@ -130,9 +130,14 @@ def logits_error(folder, config, reference) -> tuple[float, float]:
 # The converted model's distance from the file's exact values, as a fraction of the format's own
 # distance from the unquantized weights. Exact types: fp16 rounding only. Q4_K/Q5_K: the fp16
 # rounding of d·sc and dmin·m. The 16-value types: their requantization (docs/gguf.md).
-# The 16-value types' pairs on one grid move this small random model's logits by up to 1.2x
-# (Q3_K) and 1.3x (Q2_K) what the format's own rounding does; docs/gguf.md measures SmolLM2.
-SHARE_OF_OWN_ERROR = {"Q4_K": 0.05, "Q5_K": 0.05, "Q6_K": 1.0, "Q3_K": 1.5, "Q2_K": 1.5}
+# The 16-value types' pairs on one finer grid move this small random model's logits by 0.23x
+# (Q6_K), 0.62x (Q3_K) and 1.1x (Q2_K) what the format's own rounding does (at their own bits:
+# up to 1.3x); docs/gguf.md measures SmolLM2.
+SHARE_OF_OWN_ERROR = {"Q4_K": 0.05, "Q5_K": 0.05, "Q6_K": 0.4, "Q3_K": 0.8, "Q2_K": 1.3}
+# Model bytes in memory over file bytes: the homes' bits and fp16 scale + bias per 32 values
+# against the type's own bits per value (Q6_K 9 / 6.56, Q3_K 5 / 3.44, Q2_K 4 / 2.63, IQ4_NL
+# 9 / 4.5), with float norms beside them.
+MEMORY = {"IQ4_NL": 2.1, "Q6_K": 1.45, "Q3_K": 1.5, "Q2_K": 1.6}
 
 
 @pytest.mark.parametrize("kind", ALL_TYPES)
@@ -151,12 +156,11 @@ def test_every_type_loads_as_a_model_that_matches_the_float_reference(tmp_path, 
         assert "quantization" not in saved
     else:
         assert saved["quantization"]["bits"] == (EXACT_BITS.get(kind) or REQUANTIZED_BITS[kind])
-    # Never silently widened: the model in memory is about the file's size (IQ4_NL's exact home
-    # is 8 bits: twice its bytes).
-    assert in_memory_bytes(folder) <= (2.1 if kind == "IQ4_NL" else 1.3) * path.stat().st_size
+    # Never silently widened: the model in memory is about the file's size.
+    assert in_memory_bytes(folder) <= MEMORY.get(kind, 1.15) * path.stat().st_size
 
 
-def test_a_q4_k_m_mix_loads_at_the_size_of_the_file(tmp_path):
+def test_a_q4_k_m_mix_loads_near_the_size_of_the_file(tmp_path):
     """Q4_K_M as llama.cpp writes it: Q4_K, with Q6_K for the (tied) embedding and half the
     attn_v / ffn_down tensors, and Q5_0 where a row is not a multiple of 256."""
     mix = {"token_embd.weight": "Q6_K", "blk.0.attn_v.weight": "Q6_K", "blk.0.ffn_down.weight": "Q6_K",
@@ -164,11 +168,11 @@ def test_a_q4_k_m_mix_loads_at_the_size_of_the_file(tmp_path):
     path, config, reference = write_gguf(tmp_path / "m.gguf", "llama", "Q4_K", "Q4_K", dims=KQUANT, raw_types=mix)
     folder = convert_gguf(path, tmp_path / "out")
     quant = json.loads((folder / "config.json").read_text())["quantization"]
-    assert quant["bits"] == 4 and quant["model.embed_tokens"]["bits"] == 6
-    assert quant["model.layers.0.mlp.down_proj"]["bits"] == 6 and quant["model.layers.1.self_attn.o_proj"]["bits"] == 5
+    assert quant["bits"] == 4 and quant["model.embed_tokens"]["bits"] == 8  # Q6_K's home: 8 bits
+    assert quant["model.layers.0.mlp.down_proj"]["bits"] == 8 and quant["model.layers.1.self_attn.o_proj"]["bits"] == 5
     err, own = logits_error(folder, config, reference)
     assert err <= SHARE_OF_OWN_ERROR["Q6_K"] * own, (err, own)
-    assert in_memory_bytes(folder) <= 1.15 * path.stat().st_size
+    assert in_memory_bytes(folder) <= 1.2 * path.stat().st_size
 
 
 def test_bf16_stays_bfloat16_with_values_past_float16s_range(tmp_path):

@@ -17,14 +17,16 @@ Python. Which home each GGML type gets, and why:
   products need up to 17 significant bits; they are rounded once to float16 (relative error
   at most 2^-11 per scale), the dtype MLX computes quantized layers in. q is exact.
 - Q6_K, Q3_K, Q2_K: sub-blocks of 16 values each with their own scale, which MLX's group
-  sizes (32, 64, 128) cannot hold. Each pair of sub-blocks becomes one group of 32 at the
-  same bits on the grid of the pair's coarser sub-block (the one with the larger step),
-  shifted by whole steps to cover the other's range: the coarser sub-block's values stay
-  exact, the finer one's are rounded to that grid (at most half its step; plain min..max
-  when the grid cannot cover both). A stated approximation (docs/gguf.md measures it), chosen
-  so memory stays near the file's: 8 bits would cost 1.4x a Q6_K file. (`mx.quantize` on the
-  values was tried first: its zero-aligned grid errs up to a whole step, and on Q6_K it added
-  as much error as Q6_K's own rounding.)
+  sizes (32, 64, 128) cannot hold exactly at any width (Q6_K's d·sc·(q−32) needs up to 24
+  significant bits: not even float16 holds it). Each pair of sub-blocks becomes one group of
+  32 on the grid of the pair's coarser sub-block, its step divided so the group has more
+  levels: Q6_K at 8 bits (4 steps per Q6_K step), Q3_K at 4 bits (2), Q2_K at 3 bits (2).
+  The coarser sub-block's values stay exact, the finer one's are rounded to that grid. A
+  stated, measured approximation (docs/gguf.md): on the tests' weights it adds 0.2x (Q6_K),
+  0.4x (Q3_K) and 0.43x (Q2_K) of the format's own rounding error, where the same bits
+  added 0.8-0.9x; memory for those tensors is 1.37x, 1.45x and 1.52x their bytes. (Same-bits
+  homes were tried first and measured: SmolLM2's Q6_K ffn_down alone moved logits by 1.7;
+  `mx.quantize` on the values errs up to a whole step.)
 """
 
 from dataclasses import dataclass
@@ -36,7 +38,7 @@ GROUP_SIZE = 32
 FLOAT_TYPES = ("F32", "F16", "BF16")
 EXACT_BITS = {"Q8_0": 8, "Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q4_K": 4, "Q5_K": 5, "IQ4_NL": 8}
 IQ4_NL_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int16)
-REQUANTIZED_BITS = {"Q6_K": 6, "Q3_K": 3, "Q2_K": 2}
+REQUANTIZED_BITS = {"Q6_K": 8, "Q3_K": 4, "Q2_K": 3}
 SUPPORTED = FLOAT_TYPES + tuple(EXACT_BITS) + tuple(REQUANTIZED_BITS)
 CHUNK_ROWS = 4096  # rows converted at a time: bounds the temporaries of a 128k-row embedding
 
@@ -136,30 +138,32 @@ def subblock_affine(kind: str, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarr
     raise ValueError(f"{kind} has no 16-value sub-blocks")
 
 
-def requantize_pairs(values: np.ndarray, scale: np.ndarray, offset: np.ndarray, levels: int):
-    """Pairs of 16-value affine sub-blocks as one 32-value group each: (q, scale, bias).
+def requantize_pairs(values: np.ndarray, scale: np.ndarray, offset: np.ndarray, levels: int, bits: int):
+    """Pairs of 16-value affine sub-blocks as one 32-value group each, at `bits`: (q, scale, bias).
 
-    The group takes the grid of its coarser sub-block, moved down by whole steps until it
-    reaches the finer one's minimum, so the coarser values keep their exact q; where that
-    grid cannot reach the pair's maximum, the pair's min..max grid is used instead."""
-    n = values.shape[0]
+    The group's step is the coarser sub-block's step divided by the whole number of times its
+    `levels` fit in the `bits` (1 at the same bits, 4 from Q6_K's 63 to 8 bits' 255), and the
+    grid starts at the coarser sub-block's minimum moved down by whole steps until it reaches
+    the finer one's: the coarser values keep exact q; where that grid cannot reach the pair's
+    maximum, the pair's min..max grid is used instead."""
+    n, top = values.shape[0], 2 ** bits - 1
     # A negative scale is the same grid read backwards: make every step positive.
     lo = np.where(scale < 0, offset + scale * levels, offset)
     step = np.abs(scale)
     hi = lo + step * levels
     lo2, hi2, step2 = (a.reshape(n, -1, 2) for a in (lo, hi, step))
     coarse = np.argmax(step2, axis=-1)[..., None]
-    s = np.take_along_axis(step2, coarse, -1)[..., 0]
+    s = np.take_along_axis(step2, coarse, -1)[..., 0] / (top // levels)
     base = np.take_along_axis(lo2, coarse, -1)[..., 0]
     low, high = lo2.min(-1), hi2.max(-1)
     safe = np.where(s > 0, s, 1)
     b = base - s * np.ceil(np.maximum(base - low, 0) / safe - 1e-6)
-    fallback = (b + s * levels < high - 1e-6 * np.abs(high)) | (s == 0)
-    s = np.where(fallback, (high - low) / levels, s)
+    fallback = (b + s * top < high - 1e-6 * np.abs(high)) | (s == 0)
+    s = np.where(fallback, (high - low) / top, s)
     b = np.where(fallback, low, b)
     v = values.reshape(n, -1, 32)
     q = np.rint((v - b[..., None]) / np.where(s > 0, s, 1)[..., None])
-    return np.clip(q, 0, levels).astype(np.uint8).reshape(n, -1), s, b
+    return np.clip(q, 0, top).astype(np.uint8).reshape(n, -1), s, b
 
 
 def pack_bits(q: np.ndarray, bits: int) -> np.ndarray:
@@ -210,7 +214,7 @@ def repack(kind: str, raw: np.ndarray, cols: int) -> Packed:
             blocks = chunk.reshape(-1, size)
             # The type's own block dequantizer on the whole chunk (quants.dequantize walks rows).
             values = getattr(quants, kind).dequantize_blocks(blocks).reshape(-1, 256)
-            q, s, b = requantize_pairs(values, *subblock_affine(kind, blocks))
+            q, s, b = requantize_pairs(values, *subblock_affine(kind, blocks), bits)
             packed.append(mx.array(pack_bits(q.reshape(r, cols), bits)))
             scales.append(mx.array(s.reshape(r, -1).astype(np.float16)))
             biases.append(mx.array(b.reshape(r, -1).astype(np.float16)))
