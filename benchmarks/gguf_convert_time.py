@@ -20,12 +20,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gguf_requantize import use_more_bits  # noqa: E402  (llama.cpp's rule, written once)
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FF, VOCAB = 2048, 16, 32, 8, 64, 8192, 128256
-
-
-def use_more_bits(i: int, n: int) -> bool:
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
 def random_blocks(rng, rows: int, cols: int, kind: str) -> np.ndarray:

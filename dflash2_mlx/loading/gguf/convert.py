@@ -16,13 +16,14 @@ from .read import check_gguf_file, read_gguf
 from .tokenizer import write_tokenizer
 from .weights import check_complete, check_types, mlx_lm_weights
 
+
 def convert_gguf(path: Path, out: Path) -> Path:
     """Write the mlx-lm folder `out` (which must not exist) for the GGUF file `path`.
 
     Quantized tensors stay packed (MLX affine, group 32, bits per tensor, in
     config.json's "quantization" as mlx-lm writes it; repack.py says how each
-    GGML type maps); float tensors keep their dtype. The folder is written beside `out` and renamed into place, so a
-    failure leaves nothing behind."""
+    GGML type maps); float tensors keep their dtype. The folder is written
+    beside `out` and renamed into place, so a failure leaves nothing behind."""
     path, out = Path(path), Path(out)
     if out.exists():
         raise DFlashError(f"'{out}' already exists: choose a new folder for the converted model")

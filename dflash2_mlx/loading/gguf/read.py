@@ -27,9 +27,6 @@ class Tensor:
     def rows(self) -> int:
         return int(np.prod(self.shape[:-1])) if len(self.shape) > 1 else 1
 
-    def nbytes(self) -> int:
-        return int(self.raw.nbytes)
-
 
 def check_gguf_file(path: Path) -> None:
     """Refuse a path that is not a GGUF file (missing, a folder, other bytes) before any work."""

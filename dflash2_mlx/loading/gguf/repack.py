@@ -58,7 +58,7 @@ def _f16(b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(b).view(np.float16).astype(np.float32)
 
 
-def _nibbles(qs: np.ndarray, rows: int) -> np.ndarray:
+def _nibbles(qs: np.ndarray) -> np.ndarray:
     """(n, k·16) bytes as (n, k, 32) values: the low nibbles of 16 bytes first, then their highs."""
     n = qs.shape[0]
     q = qs.reshape(n, -1, 1, 16) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
@@ -90,30 +90,27 @@ def decode_blocks(kind: str, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray
         return q, d, -128 * d
     if kind == "IQ4_NL":
         d = _f16(blocks[:, :2])
-        q = (IQ4_NL_LEVELS[_nibbles(blocks[:, 2:], n).reshape(n, 32)] + 128).astype(np.uint8)
+        q = (IQ4_NL_LEVELS[_nibbles(blocks[:, 2:]).reshape(n, 32)] + 128).astype(np.uint8)
         return q, d, -128 * d
     if kind in ("Q4_0", "Q5_0"):
         d = _f16(blocks[:, :2])
         if kind == "Q4_0":
-            return _nibbles(blocks[:, 2:], n).reshape(n, 32), d, -8 * d
-        q = _nibbles(blocks[:, 6:], n) | _fifth_bits(blocks[:, 2:6])
+            return _nibbles(blocks[:, 2:]).reshape(n, 32), d, -8 * d
+        q = _nibbles(blocks[:, 6:]) | _fifth_bits(blocks[:, 2:6])
         return q.reshape(n, 32), d, -16 * d
     if kind in ("Q4_1", "Q5_1"):
         d, m = _f16(blocks[:, :2]), _f16(blocks[:, 2:4])
         if kind == "Q4_1":
-            return _nibbles(blocks[:, 4:], n).reshape(n, 32), d, m
-        q = _nibbles(blocks[:, 8:], n) | _fifth_bits(blocks[:, 4:8])
+            return _nibbles(blocks[:, 4:]).reshape(n, 32), d, m
+        q = _nibbles(blocks[:, 8:]) | _fifth_bits(blocks[:, 4:8])
         return q.reshape(n, 32), d, m
     if kind in ("Q4_K", "Q5_K"):
         d, dmin = _f16(blocks[:, :2]), _f16(blocks[:, 2:4])
         sc, mn = _k_scale_min(blocks[:, 4:16])
-        if kind == "Q4_K":  # 4 chunks of 32 bytes: low nibbles are sub-block 2i, high ones 2i+1
-            qs = blocks[:, 16:]
-            q = (qs.reshape(n, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F
-        else:  # Q5_K: qh's bit j of byte l is the fifth bit of value l in sub-block j
-            qh, qs = blocks[:, 16:48], blocks[:, 48:]
-            q = (qs.reshape(n, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F
-            high = (qh.reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
+        # The last 128 bytes: 4 chunks of 32, low nibbles sub-block 2i, high ones 2i+1.
+        q = (blocks[:, -128:].reshape(n, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F
+        if kind == "Q5_K":  # qh (bytes 16..47): bit j of byte l is the fifth bit of value l in sub-block j
+            high = (blocks[:, 16:48].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
             q = q.reshape(n, 8, 32) | (high << 4)
         return q.reshape(n, 256), d * sc, -(dmin * mn)
     raise ValueError(f"{kind} has no exact MLX home")
@@ -203,21 +200,18 @@ def repack(kind: str, raw: np.ndarray, cols: int) -> Packed:
     for start in range(0, rows, CHUNK_ROWS):
         chunk = np.asarray(raw[start:start + CHUNK_ROWS])
         r = chunk.shape[0]
+        blocks = chunk.reshape(-1, size)
         if kind in EXACT_BITS:
-            q, s, b = decode_blocks(kind, chunk.reshape(-1, size))
-            packed.append(mx.array(pack_bits(q.reshape(r, cols), bits)))
-            scales.append(mx.array(s.reshape(r, -1).astype(np.float16)))
-            biases.append(mx.array(b.reshape(r, -1).astype(np.float16)))
+            q, s, b = decode_blocks(kind, blocks)
         else:
             from gguf import quants
 
-            blocks = chunk.reshape(-1, size)
             # The type's own block dequantizer on the whole chunk (quants.dequantize walks rows).
             values = getattr(quants, kind).dequantize_blocks(blocks).reshape(-1, 256)
             q, s, b = requantize_pairs(values, *subblock_affine(kind, blocks), bits)
-            packed.append(mx.array(pack_bits(q.reshape(r, cols), bits)))
-            scales.append(mx.array(s.reshape(r, -1).astype(np.float16)))
-            biases.append(mx.array(b.reshape(r, -1).astype(np.float16)))
+        packed.append(mx.array(pack_bits(q.reshape(r, cols), bits)))
+        scales.append(mx.array(s.reshape(r, -1).astype(np.float16)))
+        biases.append(mx.array(b.reshape(r, -1).astype(np.float16)))
         mx.eval(packed[-1], scales[-1], biases[-1])
     join = (lambda xs: xs[0]) if len(packed) == 1 else (lambda xs: mx.concatenate(xs, axis=0))
     return Packed(join(packed), join(scales), join(biases), bits)

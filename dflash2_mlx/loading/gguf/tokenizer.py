@@ -108,13 +108,12 @@ def _bos_processor(tokenizer, metadata: dict, tokens: list[str], default: bool) 
     return True
 
 
-def spm_merges(tokens: list[str], priority: list[float]) -> list[tuple[str, str]]:
+def spm_merges(vocab: dict[str, int], priority: list[float]) -> list[tuple[str, str]]:
     """BPE merges equivalent to SentencePiece's highest-score-first joining: every split of a
     token into two tokens, ordered by the joined token's priority (then as Hugging Face's
-    `generate_merges` orders ties, so the ids match its tokenizers)."""
-    vocab = {t: i for i, t in enumerate(tokens)}
+    `generate_merges` orders ties, so the ids match its tokenizers). `vocab`: token -> id, in id order."""
     merges = []
-    for token, score in zip(tokens, priority):
+    for token, score in zip(vocab, priority):
         local = [(token[:k], token[k:]) for k in range(1, len(token)) if token[:k] in vocab and token[k:] in vocab]
         local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
         merges += [(left, right, score) for left, right in local]
@@ -142,7 +141,7 @@ def build_spm_tokenizer(metadata: dict, where: str):
     if len(vocab) != len(tokens):
         raise ConfigError(f"GGUF '{where}' lists a token twice in its vocabulary: it cannot be a BPE tokenizer")
     unk = value(metadata, "tokenizer.ggml.unknown_token_id")
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=spm_merges(tokens, priority), fuse_unk=True,
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=spm_merges(vocab, priority), fuse_unk=True,
                                      byte_fallback=True, unk_token=tokens[int(unk)] if unk is not None else None))
     spm_text(tokenizer, family, bool(value(metadata, "tokenizer.ggml.add_space_prefix", True)))
     _added_tokens(tokenizer, tokens, _token_types(metadata, len(tokens)))

@@ -60,7 +60,7 @@ def mlx_lm_weights(tensors: dict[str, Tensor], arch: Architecture, config: dict,
     """(weights under mlx-lm's names, config.json's "quantization" or {}).
 
     Quantized tensors become MLX affine triples of 32-value groups (repack.py); the bits are
-    per tensor (a Q4_K_M file mixes 4, 5 and 6 bits)."""
+    per tensor (a Q4_K_M file mixes 4, 5 and 8 bits: Q4_K, Q5_0, Q6_K)."""
     out, bits = {}, {}
     for name, t in tensors.items():
         if name in arch.config_tensors:
