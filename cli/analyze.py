@@ -8,6 +8,7 @@ import typer
 
 from dflash2_mlx.files import atomic_write_text
 
+from . import inputs
 from . import options as o
 from . import plotting
 from . import ui
@@ -55,15 +56,18 @@ def analyze(
     from dflash2_mlx.loading.builtin import resolve_builtin
     from dflash2_mlx.loading.checkpoints import load_drafter, load_target
 
-    o.check_tree(tree)
+    from dflash2_mlx.engine.plan import fit
+
+    # The decode settings, checked as a request's (analyze measures fixed blocks: no auto).
+    request = inputs.decode_request(max_tokens=max_tokens, temp=0.0, top_p=1.0, top_k=0, min_p=0.0, seed=None,
+                                    block_size=block_size, tree=tree)
+    if request.auto:
+        raise DFlashError("--block-size auto does not apply to analyze (it measures fixed blocks): give a size, "
+                          "e.g. 8, or leave it out for each drafter's own")
     plotting.check_plot(plot, folder=True)
     if not 0 < heldout_fraction <= 1:
         raise DFlashError(f"--heldout-fraction {heldout_fraction:g} must be in (0, 1]: the share of examples held out "
                           "(1: every example, for data the drafters were not trained on)")
-    block = None if block_size is None else o.parse_block_size(block_size)
-    if block == "auto":
-        raise DFlashError("--block-size auto does not apply to analyze (it measures fixed blocks): give a size, "
-                          "e.g. 8, or leave it out for each drafter's own")
     refs = {"dflash": dflash, "dflash+selector": selector, "dflash+conv": conv, "dflash2": dflash2}
     refs = {k: v for k, v in refs.items() if v}
     if not refs:
@@ -73,15 +77,15 @@ def analyze(
     pairs = {k: Pair.make(target, load_drafter(resolve_builtin(v, "drafter"), activation_dtype=mx.float32))
              for k, v in refs.items()}
     for pair in pairs.values():  # before any measurement: a bad value fails now, in one line
-        pair.block_size(block, "--block-size")
-        o.check_tree_fits(pair, tree)
+        fit(pair, request)
     _check_lengths(target, seq_len, prompt_len, max_tokens, prompts)
     ui.progress_note("reading the held-out share of --data…")
     heldout = heldout_sequences([str(p) for p in data], tokenizer, seq_len, heldout_fraction)
     # Minutes of work: a bar on a terminal, plain lines on stderr otherwise.
     with ui.AnalyzeProgress() as progress:
         result = run_analysis(pairs, heldout, prompt_len=prompt_len, n_prompts=prompts,
-                              max_tokens=max_tokens, block_size=block, tree_rows=tree, on_step=progress)
+                              max_tokens=max_tokens, block_size=request.block_size, tree_rows=request.tree_rows,
+                              on_step=progress)
     from dflash2_mlx.tools.provenance import provenance
 
     from .main import command_typed  # imported by now: it runs this command

@@ -7,6 +7,7 @@ from typing import Optional
 from dflash2_mlx.errors import DFlashError
 from dflash2_mlx.files import atomic_write_text, check_writable
 
+from . import inputs
 from . import options as o
 from . import plotting
 from .stdio import write_whole
@@ -49,9 +50,10 @@ def bench(
     plainly when speculation loses to plain decoding, and why (τ against the
     measured cost of a B-row verify relative to a 1-row step).
     """
-    sampling = o.sampling_params(temp, top_p, top_k, min_p, seed)
-    o.check_max_tokens(max_tokens)
-    o.check_draft_window(draft_window)
+    # The sweep's settings, checked as one request's (block sizes and trees are swept below).
+    request = inputs.decode_request(max_tokens=max_tokens, temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
+                                    seed=seed)
+    inputs.check_drafter_flags(False, draft_quant, draft_window)
     if repeats < 1:
         raise DFlashError(f"--repeats {repeats} must be at least 1")
     sizes = _parse_sizes(block_sizes) if block_sizes else None
@@ -59,12 +61,12 @@ def bench(
         if path is not None and str(path) != "-":
             check_writable(path, flag)
     plotting.check_plot(plot, folder=True)
-    trees = o.parse_tree_sweep(tree)
-    template_kwargs = o.parse_template_config(chat_template_config)
+    trees = inputs.parse_tree_sweep(tree)
+    template_kwargs = inputs.parse_template_config(chat_template_config)
     if drafter is None and (dflash_drafter or draft_model):
         pass  # the other drafter is the one benchmarked
     else:
-        drafter = o.drafter_for(model, drafter, instead="--dflash-drafter or --ar-draft-model")
+        drafter = inputs.drafter_for(model, drafter, instead="--dflash-drafter or --ar-draft-model")
     from dflash2_mlx.tools.suites import builtin_prompts, read_prompts
 
     chosen = read_prompts(prompts, max_prompts) if prompts else builtin_prompts(
@@ -106,12 +108,13 @@ def bench(
     ar_draft = _load_ar_draft(draft_model, target) if draft_model else None
     ids = [(p, build_prompt(tokenizer, p.text, system_prompt, not ignore_chat_template, template_kwargs))
            for p in chosen]
-    calibrations = [o.block_plan(p, "auto", ids[0][1], max_tokens, recalibrate)[1] if "auto" in sizes else None
+    calibrations = [inputs.calibrate(p, request, ids[0][1], recalibrate)[1] if "auto" in sizes else None
                     for p in pairs]
     with ui.RunProgress() as progress:
         record = run_bench(target, tokenizer, ids, pairs=pairs, calibrations=calibrations, draft_model=ar_draft,
                            block_sizes=sizes, tree_rows=trees,
-                           repeats=repeats, max_tokens=max_tokens, sampling=sampling, on_run=progress.update)
+                           repeats=repeats, max_tokens=request.max_tokens, sampling=request.sampling,
+                           on_run=progress.update)
     record["models"] = {"target": model, "drafter": drafter, "dflash_drafter": dflash_drafter,
                         "draft_model": draft_model, "draft_quant": draft_quant}
     record.update(provenance(command_typed()))

@@ -7,9 +7,10 @@ from typing import Callable, Optional
 
 from dflash2_mlx.errors import DFlashError, PromptTooLongError
 
-from . import distributed
+from . import distributed, inputs
 from . import options as o
 from .cache_dir import CacheDir, check_cache_dir
+from .progress import PrefillProgress
 from . import ui
 
 
@@ -46,12 +47,11 @@ def chat(
     With --processes / --hostfile the target is split over ranks; every rank
     reads the same input (mlx.launch relays it) and Ctrl-C ends the chat.
     """
-    sampling = o.sampling_params(temp, top_p, top_k, min_p, seed)
-    o.check_max_tokens(max_tokens)
-    o.check_tree(tree)
-    o.check_draft_window(draft_window)
-    template_kwargs = o.parse_template_config(chat_template_config)
-    drafter = o.drafter_for(model, drafter, ar)
+    request = inputs.decode_request(max_tokens=max_tokens, temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
+                                    seed=seed, block_size=block_size, tree=tree, ar=ar)
+    inputs.check_drafter_flags(ar, draft_quant, draft_window)
+    template_kwargs = inputs.parse_template_config(chat_template_config)
+    drafter = inputs.drafter_for(model, drafter, ar)
     if cache_dir is not None:
         check_cache_dir(cache_dir)
     if distributed.wants_ranks(processes, hostfile):
@@ -62,6 +62,7 @@ def chat(
     rank = distributed.start_rank(rank_timeout) if distributed.in_rank() else None
 
     from dflash2_mlx.device import backend_name
+    from dflash2_mlx.engine.plan import fit
     from dflash2_mlx.loading.load_pair import load_pair
     from dflash2_mlx.text.chat_session import ChatSession
     from dflash2_mlx.text.prompt import build_prompt
@@ -71,12 +72,10 @@ def chat(
     ui.progress_note("loading models…")
     pair, tokenizer = load_pair(model, drafter, draft_quant, group=rank.group if rank else None,
                                 time_collectives=time_collectives, draft_window=draft_window)
-    o.check_tree_fits(pair, tree)
+    fit(pair, request)  # a block or tree this drafter cannot draft: before a calibration
     # No conversation yet: a measurement (first use on this machine only) reads a built-in prompt.
     probe = build_prompt(tokenizer, SUITES["code"][0])
-    block_size, calibration = o.block_plan(pair, o.parse_block_size(block_size), probe, max_tokens, recalibrate,
-                                           ranks=rank is not None, tree=tree,
-                                           seeded=sampling.seeded)
+    request, calibration = inputs.calibrate(pair, request, probe, recalibrate, ranks=rank is not None)
     view = ui.ChatView(color=color)
     prompt_cache = None
     if cache_dir is not None:  # disk only: the session's own caches are the memory tier
@@ -85,12 +84,11 @@ def chat(
         prompt_cache = PromptCache(pair, CacheSettings(memory_bytes=0, folder=cache_dir), warn=view.notice)
     session = ChatSession(
         pair, tokenizer, system_prompt=system_prompt, use_chat_template=not ignore_chat_template,
-        template_kwargs=template_kwargs, max_tokens=max_tokens, sampling=sampling, block_size=block_size,
-        calibration=calibration, tree_rows=tree, prompt_cache=prompt_cache,
+        template_kwargs=template_kwargs, request=request, calibration=calibration, prompt_cache=prompt_cache,
     )
     rows = [("model", model)]
     if pair.drafter is not None:
-        shown = f"auto ≤ {pair.max_block_size}" if block_size == "auto" else block_size
+        shown = f"auto ≤ {pair.max_block_size}" if request.auto else (request.block_size or pair.max_block_size)
         shape = f"tree {tree} rows" if tree else f"block {shown}"
         rows.append(("drafter", f"{drafter} ({mode_name(pair.kind)}, {shape})"))
     else:
@@ -217,7 +215,7 @@ def chat_loop(session, read_line: Callable[[str], str], view, on_token: Optional
 
 
 def _answer(session, text: str, view, on_token) -> None:
-    with _StopOnInterrupt() as stop, o.PrefillProgress.on_stderr() as progress:
+    with _StopOnInterrupt() as stop, PrefillProgress.on_stderr() as progress:
 
         def show(r):
             view.token(r.text, r.from_draft)
@@ -257,11 +255,12 @@ def _run_command(session, command: Command, view) -> None:
         view.notice("system prompt set (the next turn re-reads the conversation with it)")
     elif name == "set":
         if not arg:
-            s = session.sampling
-            B = session.block_size or (session.drafter.config.block_size if session.drafter else None)
+            r = session.request
+            s = r.sampling
+            B = r.block_size or (session.drafter.config.block_size if session.drafter else None)
             view.notice(f"temp {s.temperature:g} · top_p {s.top_p:g} · top_k {s.top_k} · min_p {s.min_p:g} · "
-                        f"max_tokens {session.max_tokens} · block_size {B if B else '- (plain decoding)'} · "
-                        f"tree {session.tree_rows or '0 (the chain)'}")
+                        f"max_tokens {r.max_tokens} · block_size {B if session.drafter else '- (plain decoding)'} · "
+                        f"tree {r.tree_rows or '0 (the chain)'}")
             return
         key, _, value = arg.partition(" ")
         if not value.strip():

@@ -48,28 +48,28 @@ def compare(
     the outputs differ, if any) and whether a verify block is bitwise one-by-one
     decoding on this machine. Without --prompt, a built-in code prompt is used.
     """
-    sampling = o.sampling_params(temp, top_p, top_k, min_p, seed)
-    o.check_max_tokens(max_tokens)
-    o.check_tree(tree)
-    o.check_draft_window(draft_window)
+    request = inputs.decode_request(max_tokens=max_tokens, temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
+                                    seed=seed, block_size=block_size, tree=tree)
+    inputs.check_drafter_flags(False, draft_quant, draft_window)
     if repeats < 1:
         raise DFlashError(f"--repeats {repeats} must be at least 1")
     if replay_speed <= 0:
         raise DFlashError(f"--replay-speed {replay_speed} must be positive")
-    template_kwargs = o.parse_template_config(chat_template_config)
+    template_kwargs = inputs.parse_template_config(chat_template_config)
     if save is not None:
         check_writable(save, "--save")
     plotting.check_plot(plot)
-    drafter = o.drafter_for(model, drafter, instead="run `dflash2 generate --ar` for plain decoding alone")
-    block_size = o.parse_block_size(block_size)
+    drafter = inputs.drafter_for(model, drafter, instead="run `dflash2 generate --ar` for plain decoding alone")
     if prompt is None:
         from dflash2_mlx.tools.suites import SUITES
 
         text = SUITES["code"][0]
     else:
-        text = o.read_prompt(prompt)
+        text = inputs.read_prompt(prompt)
 
+    from dflash2_mlx.engine.plan import fit
     from dflash2_mlx.loading.load_pair import load_pair
+    from dflash2_mlx.text.context import check_context
     from dflash2_mlx.text.prompt import build_prompt
     from dflash2_mlx.text.stats import mode_name
     from dflash2_mlx.tools.compare import compare as run_compare
@@ -79,11 +79,9 @@ def compare(
 
     pair, tokenizer = load_pair(model, drafter, draft_quant, draft_window=draft_window)
     ids = build_prompt(tokenizer, text, system_prompt, not ignore_chat_template, template_kwargs)
-    o.check_prompt_fits(pair, len(ids))
-    o.check_tree_fits(pair, tree)
-    # Refuses a block size this drafter cannot draft before any work; auto reads (or measures) the costs.
-    block_size, calibration = o.block_plan(pair, block_size, ids, max_tokens, recalibrate, tree=tree,
-                                           seeded=sampling.seeded)
+    check_context(pair.target, len(ids))
+    fit(pair, request)  # a block size or tree this drafter cannot draft, before any work
+    request, calibration = inputs.calibrate(pair, request, ids, recalibrate)  # auto reads (or measures) the costs
     exact = exactness(pair, tokenizer, recalibrate)
     quiet = json_output
 
@@ -93,9 +91,8 @@ def compare(
             what = "warming up" if phase == "warmup" else f"measuring (repeat {repeat + 1}/{repeats})"
             ui.status(f"{what}: {name}")
 
-    result = run_compare(pair, tokenizer, ids, max_tokens=max_tokens, sampling=sampling,
-                         block_size=block_size, calibration=calibration, repeats=repeats, on_arm=on_arm,
-                         tree_rows=tree, exactness=exact)
+    result = run_compare(pair, tokenizer, ids, request, calibration=calibration, repeats=repeats, on_arm=on_arm,
+                         exactness=exact)
     record = result.to_dict()
     record["prompt"] = text
     record.update(provenance(command_typed()))

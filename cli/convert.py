@@ -27,7 +27,7 @@ def convert(
     from dflash2_mlx.loading.sources import fetch_source, is_named_source
 
     from .closing import note
-    from .options import cache_folder
+    from .user_cache import cache_folder
 
     if Path(out).exists():
         raise DFlashError(f"'{out}' already exists: choose a new folder for the converted model")

@@ -10,6 +10,7 @@ from dflash2_mlx.errors import DFlashError
 from . import options as o
 from . import ui
 from .stdio import write_whole
+from .user_cache import cache_folder
 
 
 def doctor(
@@ -50,7 +51,9 @@ def doctor(
         raise DFlashError(f"--min-acceptance {min_acceptance} must be between 0 and 1")
     if max_tokens < 2:
         raise DFlashError(f"--max-tokens {max_tokens} must be at least 2 for the self-test")
-    block_size = o.parse_block_size(block_size)
+    from dflash2_mlx.engine.request import DecodeRequest
+
+    block_size = DecodeRequest(block_size=block_size).block_size  # "auto" or a size, read as a request's
     if drafter is None:  # a shipped drafter fits only its own target (the built-in one, a named source)
         from dflash2_mlx.loading.sources import shipped_drafter
 
@@ -59,7 +62,7 @@ def doctor(
     for section in run_doctor(model, drafter, draft_quant=draft_quant,
                               block_size=None if block_size == "auto" else block_size, context=context,
                               min_acceptance=min_acceptance, run_self_test=self_test, max_tokens=max_tokens,
-                              calibration_folder=o.cache_folder(), recalibrate=recalibrate):
+                              calibration_folder=cache_folder(), recalibrate=recalibrate):
         sections.append(section)
         if not json_output:
             ui.console.print(ui.doctor_section(section))

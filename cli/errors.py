@@ -55,7 +55,9 @@ def _report_failure(e: Exception, debug: bool) -> int:
     if debug:
         traceback.print_exc()
     if isinstance(e, DFlashError):
-        _fail(str(e))
+        from .inputs import flag_message  # a request's field is told as its flag
+
+        _fail(flag_message(e))
         return 1
     # A bug: still one line unless --debug.
     first = str(e).splitlines()[0] if str(e) else ""

@@ -2,7 +2,7 @@
 this machine's cached verdict for the pair, probing it first when there is none
 (dflash2_mlx/engine/adaptive/exactness.py; docs/terminal.md)."""
 
-from . import options as o
+from .user_cache import cache_folder
 from .closing import timed_note
 
 
@@ -17,7 +17,7 @@ def exactness(pair, tokenizer, again: bool = False):
     from dflash2_mlx.text.prompt import build_prompt
     from dflash2_mlx.tools.suites import SUITES
 
-    folder = o.cache_folder()
+    folder = cache_folder()
     needed = again or not exactness_path(pair, folder).exists()
     with timed_note("checking whether a verify block is bitwise one-by-one decoding here, once", needed):
         # The prompt doctor's self-test reads: one verdict per pair, whatever the prompt.

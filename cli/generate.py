@@ -4,8 +4,8 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from . import distributed
-from . import closing
+from . import closing, distributed
+from . import inputs
 from . import options as o
 from .exactness import exactness
 from .stdio import write_whole
@@ -45,28 +45,25 @@ def generate(
     (tensor or pipeline parallel), the drafter copied to each; rank 0 prints.
     """
     # Everything checkable without loading a model is checked first.
-    sampling = o.sampling_params(temp, top_p, top_k, min_p, seed)
-    o.check_max_tokens(max_tokens)
-    o.check_tree(tree)
-    o.check_draft_window(draft_window)
-    block_size = o.parse_block_size(block_size)
-    grammar = read_grammar(json_schema, regex)
-    if ar and (block_size != "auto" or draft_quant or tree or draft_window):
-        import warnings
-
-        warnings.warn("--block-size, --tree, --draft-quant and --draft-window do nothing with --ar "
-                      "(no drafter is used)")
-    template_kwargs = o.parse_template_config(chat_template_config)
-    drafter = o.drafter_for(model, drafter, ar)
-    text = o.read_prompt(prompt)
+    request = inputs.decode_request(max_tokens=max_tokens, temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
+                                    seed=seed, block_size=block_size, tree=tree, ar=ar,
+                                    grammar=read_grammar(json_schema, regex))
+    inputs.check_drafter_flags(ar, draft_quant, draft_window)
+    template_kwargs = inputs.parse_template_config(chat_template_config)
+    drafter = inputs.drafter_for(model, drafter, ar)
+    text = inputs.read_prompt(prompt)
     if distributed.wants_ranks(processes, hostfile):
         # stdin is read here: the ranks' own stdin never ends under mlx.launch.
         return distributed.relaunch(model, processes, hostfile, prompt=text)
     rank = distributed.start_rank(rank_timeout) if distributed.in_rank() else None
 
+    from dflash2_mlx.engine.plan import fit
     from dflash2_mlx.loading.load_pair import load_pair
+    from dflash2_mlx.text.context import check_context
     from dflash2_mlx.text.generate import stream_generate
     from dflash2_mlx.text.prompt import build_prompt
+
+    from .progress import PrefillProgress
 
     pair, tokenizer = load_pair(model, drafter, draft_quant, group=rank.group if rank else None,
                                 time_collectives=time_collectives, draft_window=draft_window)
@@ -75,19 +72,14 @@ def generate(
     if model == "builtin" and not json_output:
         closing.note(closing.builtin_notice(pair.target))
     ids = build_prompt(tokenizer, text, system_prompt, not ignore_chat_template, template_kwargs)
-    o.check_prompt_fits(pair, len(ids))  # before a calibration or the prefill reads it
-    o.check_tree_fits(pair, 0 if ar else tree)
-    block_size, calibration = o.block_plan(pair, block_size, ids, max_tokens, recalibrate,
-                                           ranks=rank is not None, tree=0 if ar else tree,
-                                           seeded=sampling.seeded)
+    check_context(pair.target, len(ids))  # before a calibration or the prefill reads it
+    fit(pair, request)  # a block or tree this drafter cannot draft: before a calibration
+    request, calibration = inputs.calibrate(pair, request, ids, recalibrate, ranks=rank is not None)
     # Ranks skip the probe: a verdict cached on one host and not another would split their passes.
     exact = exactness(pair, tokenizer, recalibrate) if rank is None else None
-    progress = o.PrefillProgress.on_stderr()
-    responses = stream_generate(
-        pair, tokenizer, ids, max_tokens=max_tokens, sampling=sampling, block_size=block_size,
-        calibration=calibration, tree_rows=0 if ar else tree, prompt_progress_callback=progress.callback,
-        grammar=grammar,
-    )
+    progress = PrefillProgress.on_stderr()
+    responses = stream_generate(pair, tokenizer, ids, request, calibration=calibration,
+                                prompt_progress_callback=progress.callback)
     tokens, from_draft, pieces, last = [], [], [], None
     with progress:  # its line erased before the text, or an error line, follows
         for r in responses:
@@ -103,10 +95,10 @@ def generate(
             "from_draft": from_draft, "stats": last.stats.to_dict(),
         }
         if exact is not None:
-            record["stats"]["exactness"] = exact.report(sampling.greedy)
+            record["stats"]["exactness"] = exact.report(request.sampling.greedy)
         write_whole(json.dumps(record) + "\n")  # a Ctrl-C leaves all of it or nothing
     else:
-        closing.print_closing(last.stats, exact.line(sampling.greedy) if exact is not None else None)
+        closing.print_closing(last.stats, exact.line(request.sampling.greedy) if exact is not None else None)
 
 
 def read_grammar(json_schema: Optional[Path], regex: Optional[str]):

@@ -11,9 +11,10 @@ import typer
 
 from dflash2_mlx.errors import DFlashError
 
-from . import distributed
+from . import distributed, inputs
 from . import options as o
 from .cache_dir import CacheDir, check_cache_dir
+from .user_cache import cache_folder
 
 Host = Annotated[str, typer.Option("--host", help="Address to bind; anything but loopback needs --api-key or --allow-unauthenticated.")]
 Port = Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to bind, 0..65535 (0: any free port, printed at start).")]
@@ -117,17 +118,12 @@ def serve(
         raise DFlashError(f"--max-queue {max_queue} must be 0 or more")
     if max_batch is not None and max_batch < 1:
         raise DFlashError(f"--max-batch {max_batch} must be at least 1 (1: one request at a time)")
-    o.check_max_tokens(max_tokens)
-    o.check_tree(tree)
-    o.check_draft_window(draft_window)
+    # The server's settings every request starts from, checked as a request's.
+    request = inputs.decode_request(max_tokens=max_tokens, temp=0.0, top_p=1.0, top_k=0, min_p=0.0, seed=None,
+                                    block_size=block_size, tree=tree, ar=ar)
+    inputs.check_drafter_flags(ar, draft_quant, draft_window)
     if max_prompt_tokens is not None and max_prompt_tokens < 1:
         raise DFlashError(f"--max-prompt-tokens {max_prompt_tokens} must be at least 1")
-    block_size = o.parse_block_size(block_size)
-    if ar and (block_size != "auto" or draft_quant or tree or draft_window):
-        import warnings
-
-        warnings.warn("--block-size, --tree, --draft-quant and --draft-window do nothing with --ar "
-                      "(no drafter is used)")
     if served_model_name and not all(name.strip() for name in served_model_name):
         raise DFlashError("--served-model-name is empty: give the name clients will see")
     if api_key is not None and not api_key.strip():
@@ -135,8 +131,8 @@ def serve(
     if not is_loopback(host) and api_key is None and not allow_unauthenticated:
         raise DFlashError(f"--host {host} is reachable from other machines: set --api-key KEY, "
                           "or pass --allow-unauthenticated to serve it open on purpose")
-    template_kwargs = o.parse_template_config(chat_template_config)
-    drafter = o.drafter_for(model, drafter, ar)
+    template_kwargs = inputs.parse_template_config(chat_template_config)
+    drafter = inputs.drafter_for(model, drafter, ar)
     if distributed.wants_ranks(processes, hostfile):
         if cache_dir is not None:  # every rank must reuse the same prefixes, and each holds another shard
             raise DFlashError("--cache-dir does not work with --processes/--hostfile yet: leave it out "
@@ -155,20 +151,14 @@ def serve(
     from dflash2_mlx.serve.settings import ServeSettings
 
     def load():  # runs on the engine's thread (MLX streams are per thread)
-        pair, tokenizer = load_pair(model, drafter, draft_quant, group=rank.group if rank else None,
-                                    time_collectives=time_collectives, draft_window=draft_window)
-        # A bad value fails here, not per request; auto reads (or measures once) this machine's costs.
-        from dflash2_mlx.text.prompt import build_prompt
-        from dflash2_mlx.tools.suites import SUITES
+        return load_pair(model, drafter, draft_quant, group=rank.group if rank else None,
+                         time_collectives=time_collectives, draft_window=draft_window)
 
-        service.block_size, service.calibration = o.block_plan(
-            pair, block_size, build_prompt(tokenizer, SUITES["code"][0]), max_tokens, recalibrate,
-            ranks=rank is not None, tree=0 if ar else tree)
-        return pair, tokenizer
-
-    service = EngineService(load, max_queue=max_queue, cache_bytes=limit, cache_dir=cache_dir,
+    # The service checks the request against the pair and reads (or measures once) the costs auto needs.
+    service = EngineService(load, request=request, calibration_folder=cache_folder(), recalibrate=recalibrate,
+                            max_queue=max_queue, cache_bytes=limit, cache_dir=cache_dir,
                             cache_disk_bytes=disk_limit, cache_snapshot_every=cache_snapshot_every,
-                            tree_rows=0 if ar else tree, max_batch=max_batch)
+                            max_batch=max_batch)
     if rank is not None:
         _join_ranks(service, rank)
         if rank.rank != 0:

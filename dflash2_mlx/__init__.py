@@ -1,9 +1,9 @@
 """dflash2-mlx: lossless DFlash and DFlash 2 speculative decoding on MLX.
 
-    from dflash2_mlx import load_pair, stream_generate, SamplingParams
+    from dflash2_mlx import DecodeRequest, load_pair, stream_generate
 
     pair, tokenizer = load_pair("builtin", "builtin")
-    for response in stream_generate(pair, tokenizer, "def fib(n):", max_tokens=64):
+    for response in stream_generate(pair, tokenizer, "def fib(n):", DecodeRequest(max_tokens=64)):
         print(response.text, end="")
 
 The public names below are imported on first use, so `import dflash2_mlx`
@@ -24,8 +24,11 @@ _PUBLIC = {
     "ChatSession": "text.chat_session",
     "PromptCache": "text.prompt_cache",
     "CacheSettings": "text.prompt_cache",
-    "speculative_generate_step": "engine.decode.loop",
-    "autoregressive_generate_step": "engine.decode.loop",
+    "generate_step": "engine.decode.loop",
+    "DecodeRequest": "engine.request",
+    "DecodePlan": "engine.plan",
+    "plan": "engine.plan",
+    "calibration_for": "engine.plan",
     "DFlashError": "errors",
 }
 

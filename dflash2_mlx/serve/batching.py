@@ -20,10 +20,11 @@ import queue
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..engine.batch.decoder import BatchDecoder, BatchSequence, SequenceFailed, SequenceSettings
+from ..engine.batch.decoder import BatchDecoder, BatchSequence, SequenceFailed
+from ..engine.plan import plan
 from ..engine.decode.state import DecodeCache
 from ..errors import DFlashError
-from ..text.generate import GenerationResponse, TextStream, plan_generation
+from ..text.generate import GenerationResponse, TextStream
 from ..text.prompt_cache import still_to_run
 from .errors import log_failure
 from .jobs import Delta, Failed, Job, Started
@@ -39,6 +40,7 @@ class _Running:
     reuse: object
     stream: Optional[TextStream] = None
     plan: object = None
+    context: int = 0  # the tokens the caches hold once its prompt has run (history and prompt)
     warming: bool = True  # the prompt's uncached whole blocks are still running
     n: int = 0
     last: Optional[GenerationResponse] = None
@@ -142,21 +144,16 @@ class BatchRunner:
         """One whole block of `r`'s uncached prompt, or, when none is left, `r` joins the decoder."""
         service = self.service
         try:
-            if service.pool.extend(r.cache, r.ids, service.prefill_step_size, max_blocks=1):
+            if service.pool.extend(r.cache, r.ids, service.request.prefill_step_size, max_blocks=1):
                 return
+            decode = r.job.request.decode_request(service.request)
             prompt = still_to_run(r.cache, r.ids)
-            request, trees = r.job.request, service.tree_rows if service.pair.drafter is not None else 0
-            r.plan = plan_generation(service.pair, service.tokenizer, prompt, max_tokens=request.max_tokens,
-                                     sampling=request.sampling, block_size=service.block_size,
-                                     calibration=service.calibration, prompt_cache=r.cache, grammar=request.grammar,
-                                     logits_processors=request.logits_processors(),
-                                     top_logprobs=request.top_logprobs, tree_rows=trees, batched=True)
-            settings = SequenceSettings(
-                max_tokens=r.plan.max_tokens, sampling=request.sampling, block_size=r.plan.block,
-                policy=r.plan.policy, batch_decides=r.plan.auto and not request.sampling.seeded,
-                prefill_step_size=service.prefill_step_size, tree_rows=trees, **r.plan.rows)
-            r.seq = self.decoder.add(r.plan.ids, settings, prompt_cache=r.cache)
-            r.stream = TextStream(service.pair, service.tokenizer, r.plan, request.stop, r.seq.profiler, trees)
+            history = max(len(r.cache.tokens) - 1, 0)
+            r.plan = plan(service.pair, decode, service.calibration, prompt_ids=prompt, history=history,
+                          tokenizer=service.tokenizer, batched=True)
+            r.context = history + len(prompt)
+            r.seq = self.decoder.add(prompt, r.plan, prompt_cache=r.cache)
+            r.stream = TextStream(service.pair, service.tokenizer, prompt, r.plan, r.seq.profiler)
         except DFlashError as e:
             self._fail(r, Failed(str(e), 400))
             return
@@ -172,7 +169,7 @@ class BatchRunner:
         try:
             if r.seq is not None:  # None: cancelled while its prompt's blocks still ran
                 self.decoder.remove(r.seq)
-                r.cache.truncate(r.plan.history + len(r.plan.ids) + r.n)  # tokens past a stop were never returned
+                r.cache.truncate(r.context + r.n)  # tokens past a stop were never returned
             if r.cache.at_rest:
                 service.pool.put(r.cache)
             batch = r.seq.largest_batch if r.seq is not None else 1

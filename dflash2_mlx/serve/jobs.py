@@ -13,6 +13,7 @@ from typing import AsyncIterator, Awaitable, Callable, Optional, Union
 
 from ..engine.decode.rows import TokenLogprobs
 from ..engine.grammar import Grammar
+from ..engine.request import DecodeRequest
 from ..engine.sampling import SamplingParams
 from ..text.stats import GenerationStats
 from .errors import ApiError
@@ -20,6 +21,9 @@ from .errors import ApiError
 
 @dataclass(frozen=True)
 class GenerationRequest:
+    """A request as it travels (to the worker, and as JSON to other ranks): token ids
+    and plain data. `decode_request` makes it the engine's `DecodeRequest`."""
+
     prompt_ids: tuple[int, ...]
     max_tokens: int
     sampling: SamplingParams
@@ -30,7 +34,14 @@ class GenerationRequest:
     logits: tuple = ()
     top_logprobs: Optional[int] = None  # None: no log-probabilities; k: the token's and the k most likely
 
-    def logits_processors(self) -> list:
+    def decode_request(self, server: DecodeRequest) -> DecodeRequest:
+        """This request's settings over the server's (`server`: block size, tree, prefill
+        step), checked as every request is (a `RequestError` naming the field)."""
+        return server.replace(max_tokens=self.max_tokens, sampling=self.sampling, stop=self.stop,
+                              grammar=self.grammar, logits_processors=self._logits_processors(),
+                              top_logprobs=self.top_logprobs)
+
+    def _logits_processors(self) -> list:
         from mlx_lm.sample_utils import make_logits_processors
 
         kwargs = dict(self.logits)

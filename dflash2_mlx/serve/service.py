@@ -18,19 +18,22 @@ exits on (a supervisor restarts it): the library never exits the process.
 """
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
 import time
 from dataclasses import replace
-from typing import Callable, Optional, Union
+from pathlib import Path
+from typing import Callable, Optional
 
 import mlx.core as mx
 
 from ..engine.batch.memory import default_max_batch
 from ..engine.batch.passes import batch_blocker
 from ..engine.pair import Pair
-from ..engine.tree.cycle import check_tree_rows
+from ..engine.plan import calibration_for, fit
+from ..engine.request import DecodeRequest
 from ..errors import DFlashError, PromptTooLongError
 from ..text.context import check_context
 from ..text.generate import stream_generate
@@ -60,20 +63,20 @@ class EngineService:
         self,
         load: Callable[[], tuple[Pair, object]],
         *,
-        max_queue: int = 64,
+        request: DecodeRequest = DecodeRequest(),
+        calibration_folder: Optional[Path] = None,
+        recalibrate: bool = False,
+        max_queue: int = 32,
         cache_bytes: int = 0,
         cache_dir=None,
         cache_disk_bytes: int = 16 << 30,
         cache_block_tokens: int = 256,
         cache_snapshot_every: Optional[int] = None,
-        block_size: Union[int, str, None] = None,
         calibration=None,
-        prefill_step_size: Optional[int] = None,
-        tree_rows: int = 0,
         metrics: Optional[Metrics] = None,
         channel=None,
         on_busy: Optional[Callable[[bool], None]] = None,
-        max_batch: Optional[int] = 1,
+        max_batch: Optional[int] = None,
     ):
         self._load = load
         self.max_queue = max_queue
@@ -89,10 +92,13 @@ class EngineService:
                                             folder=cache_dir, disk_bytes=cache_disk_bytes)
         if cache_snapshot_every is not None:
             self.cache_settings = replace(self.cache_settings, snapshot_every=cache_snapshot_every)
-        self.block_size = block_size
-        self.tree_rows = tree_rows  # rows per verify tree; 0: the chain (docs/tree.md)
-        self.calibration = calibration  # for block_size "auto" (measured per request when None)
-        self.prefill_step_size = prefill_step_size
+        # The server's settings every request starts from (block size, tree, prefill step);
+        # a request's body sets the rest (`GenerationRequest.decode_request`).
+        self.request = request
+        # For block_size "auto": given, or read from `calibration_folder` (measured there once,
+        # `recalibrate`: again) when the pair is loaded; None: measured per request, in memory.
+        self.calibration = calibration
+        self.calibration_folder, self.recalibrate = calibration_folder, recalibrate
         self.metrics = metrics or Metrics()
         # With the target split over ranks (serve/ranks.py): rank 0 sends each
         # request through `channel` before running it; `on_busy(True/False)`
@@ -212,7 +218,8 @@ class EngineService:
         try:
             try:
                 self.pair, self.tokenizer = self._load()
-                check_tree_rows(self.pair, self.tree_rows)  # at start, not in every request's 400
+                fit(self.pair, self.request)  # a block or tree the drafter cannot draft: at start, not per request
+                self._calibrate()
                 self.pool = PromptCache(self.pair, self.cache_settings, warn=log.warning)
                 runner = self._batch_runner()
             except BaseException as e:  # handed to start(), which re-raises it
@@ -265,6 +272,25 @@ class EngineService:
         if self.on_failed is not None:
             self.on_failed(line)
 
+    def _calibrate(self) -> None:
+        """Read (or measure once) this machine's costs for block_size "auto", as the
+        command line does; ranks of a split target decode the drafter's fixed block."""
+        if self.calibration is not None:
+            return
+        from ..text.prompt import build_prompt
+        from ..tools.suites import SUITES
+
+        def measuring():
+            log.warning("measuring this machine's decode costs for --block-size auto (once per machine and pair)")
+            return contextlib.nullcontext()
+
+        settled = calibration_for(self.pair, self.request, self.calibration_folder,
+                                  build_prompt(self.tokenizer, SUITES["code"][0]), recalibrate=self.recalibrate,
+                                  ranks=self.channel is not None, measuring=measuring)
+        self.request, self.calibration = settled.request, settled.calibration
+        if settled.note is not None:
+            log.warning(settled.note)
+
     def _batch_runner(self):
         """The batch runner when requests can share passes here, else None (one at a
         time; `batch_note` says why when more than one was asked for)."""
@@ -278,7 +304,7 @@ class EngineService:
             log.warning(f"--max-batch {self.max_batch}: {self.batch_note}")
             return None
         policy = None
-        if self.block_size == "auto" and self.calibration is not None and hasattr(self.calibration, "batch_policy"):
+        if self.request.auto and self.calibration is not None and hasattr(self.calibration, "batch_policy"):
             policy = self.calibration.batch_policy(clock=time.perf_counter)
         return BatchRunner(self, self.max_batch, policy)
 
@@ -330,6 +356,8 @@ class EngineService:
         """A follower rank: run every request rank 0 sends, as it does, until
         the stop job (on the calling thread; `load` runs here too)."""
         self.pair, self.tokenizer = self._load()
+        fit(self.pair, self.request)
+        self._calibrate()  # as rank 0 does: every rank decodes the same settled request
         self.pool = PromptCache(self.pair, self.cache_settings, warn=log.warning)
         while (request := self.channel.receive()) is not None:
             self.generate(request, lambda: self.channel.agree(True), lambda n, cached: None, lambda r: None)
@@ -340,25 +368,23 @@ class EngineService:
         """Run one request with the prompt cache; `go()` is asked before each
         token is taken. Returns (ids, reuse, n, last, cancelled) or `Failed`."""
         ids = list(request.prompt_ids)
+        try:
+            decode = request.decode_request(self.request)
+        except DFlashError as e:
+            return Failed(str(e), 400)
         # The prompt's cached blocks, then its other whole blocks run and kept;
         # `prompt` is the rest, starting with the cache's last token.
         if self.on_busy is not None:  # armed before the blocks' prefill (with ranks it runs collectives)
             self.on_busy(True)
         try:
-            cache, prompt, reuse = self.pool.prepare(ids, self.prefill_step_size)
+            cache, prompt, reuse = self.pool.prepare(ids, self.request.prefill_step_size)
         except Exception as e:  # the caches it took are dropped
             if self.on_busy is not None:
                 self.on_busy(False)
             return Failed(str(e), 400) if isinstance(e, DFlashError) else Failed(self._internal("prefill failed", e))
         started(len(ids), reuse.tokens)
-        responses = stream_generate(
-            self.pair, self.tokenizer, prompt, max_tokens=request.max_tokens, sampling=request.sampling,
-            block_size=self.block_size, calibration=self.calibration, stop=request.stop,
-            prefill_step_size=self.prefill_step_size,
-            prompt_cache=cache, tree_rows=self.tree_rows if self.pair.drafter is not None else 0,
-            grammar=request.grammar, logits_processors=request.logits_processors(),
-            top_logprobs=request.top_logprobs,
-        )
+        responses = stream_generate(self.pair, self.tokenizer, prompt, decode, calibration=self.calibration,
+                                    prompt_cache=cache)
         n, last, cancelled = 0, None, False
         try:
             for r in responses:

@@ -68,8 +68,8 @@ def routes(service: EngineService, settings: ServeSettings, race: Optional[Calla
             sampling = replace(sampling, seed=0)  # both arms draw from one seed
 
         def work(svc: EngineService) -> dict:
-            return race(svc.pair, svc.tokenizer, ids, max_tokens=max_tokens, sampling=sampling,
-                        block_size=svc.block_size, calibration=svc.calibration, tree_rows=svc.tree_rows)
+            return race(svc.pair, svc.tokenizer, ids, svc.request.replace(max_tokens=max_tokens, sampling=sampling),
+                        svc.calibration)
 
         try:
             task = service.submit_task(work)
@@ -132,8 +132,9 @@ def server_state(service: EngineService, settings: ServeSettings, can_race: bool
             "drafter": None if drafter is None else {
                 "kind": drafter.config.kind, "layers": len(drafter.layers),
                 "hidden_size": drafter.config.hidden_size, "block_size": drafter.config.block_size},
-            "block_size": service.block_size if service.block_size is not None else pair.max_block_size,
-            "tree_rows": service.tree_rows,
+            "block_size": service.request.block_size if service.request.block_size is not None
+            else pair.max_block_size,
+            "tree_rows": service.request.tree_rows,
         },
         # One table per context length the costs were measured at (auto interpolates between them).
         "costs": None if cal is None else {

@@ -8,14 +8,14 @@ mlx-lm's prompt cache does. No UI here: the CLI drives `ask` and renders.
 """
 
 from dataclasses import dataclass, replace
-from typing import Callable, Optional, Union
+from typing import Callable, Optional
 
-from ..engine.adaptive.policy import auto_decides
 from ..engine.adaptive.calibrate import measure
+from ..engine.adaptive.policy import auto_decides
 from ..engine.decode.loop import DecodeCache
 from ..engine.pair import Pair
-from ..engine.sampling import SamplingParams
-from ..engine.tree.cycle import check_tree_rows
+from ..engine.plan import fit
+from ..engine.request import DecodeRequest
 from ..errors import DFlashError
 from .context import check_context
 from .generate import GenerationResponse, stream_generate
@@ -45,16 +45,11 @@ class TurnResult:
         return self.finish_reason == "interrupted"
 
 
-# Settings `/set NAME VALUE` can change, with their types.
-def block_size_setting(raw: str):
-    """'auto' or a whole number."""
-    return "auto" if raw.strip().lower() == "auto" else int(raw)
-
-
+# Settings `/set NAME VALUE` can change, with their types (block_size: the request reads the text).
 SETTINGS = {"temp": float, "top_p": float, "top_k": int, "min_p": float, "max_tokens": int,
-            "block_size": block_size_setting, "tree": int}
+            "block_size": str, "tree": int}
 # "/set top_k needs an integer, not 'x'"
-_A_TYPE = {int: "an integer", float: "a number", block_size_setting: "'auto' or an integer"}
+_A_TYPE = {int: "an integer", float: "a number"}
 
 
 class ChatSession:
@@ -68,12 +63,8 @@ class ChatSession:
         system_prompt: Optional[str] = None,
         use_chat_template: bool = True,
         template_kwargs: Optional[dict] = None,
-        max_tokens: int = 512,
-        sampling: SamplingParams = SamplingParams(),
-        block_size: Union[int, str, None] = None,
+        request: DecodeRequest = DecodeRequest(max_tokens=512),
         calibration=None,
-        prefill_step_size: Optional[int] = None,
-        tree_rows: int = 0,
         prompt_cache=None,
     ):
         self.pair, self.tokenizer = pair, tokenizer
@@ -84,16 +75,11 @@ class ChatSession:
         self.system_prompt = system_prompt
         self.use_chat_template = use_chat_template and bool(getattr(tokenizer, "chat_template", None))
         self.template_kwargs = dict(template_kwargs or {})
-        self.max_tokens = max_tokens
-        self.sampling = sampling
-        self.block_size = block_size
-        self.tree_rows = tree_rows  # rows per verify tree; 0: the chain (docs/tree.md)
+        fit(pair, request)  # a block or tree this drafter cannot draft fails now, not at the first turn
+        self.request = request  # every turn's settings; /set changes them
         self.calibration = calibration  # for block_size "auto" (measured on first use when None)
-        self.prefill_step_size = prefill_step_size
         self.messages: list[dict] = []
         self.last: Optional[TurnResult] = None
-        self._check_block_size(block_size)
-        check_tree_rows(pair, tree_rows)
         self.cache = self._new_cache()
 
     # -- settings ---------------------------------------------------------------
@@ -124,29 +110,16 @@ class ChatSession:
             value = SETTINGS[name](raw)
         except ValueError:
             raise DFlashError(f"/set {name} needs {_A_TYPE.get(SETTINGS[name], SETTINGS[name].__name__)}, not '{raw}'") from None
-        if name == "max_tokens":
-            if value < 1:
-                raise DFlashError(f"max_tokens {value} must be at least 1")
-            self.max_tokens = value
-        elif name == "block_size":
-            self._check_block_size(value)
-            self.block_size = value
-        elif name == "tree":
-            if value < 0 or value == 1:
-                raise DFlashError(f"tree {value}: use 0 for the chain or N >= 2 rows per verify pass")
-            check_tree_rows(self.pair, value, "tree")
-            self.tree_rows = value
-        else:
+        if name in ("temp", "top_p", "top_k", "min_p"):
             field = {"temp": "temperature"}.get(name, name)
-            self.sampling = replace(self.sampling, **{field: value})  # validated by SamplingParams
-        return f"{name} = {value}"
-
-    def _check_block_size(self, B: Union[int, str, None]) -> None:
-        if B is None or (B == "auto" and self.drafter is not None):
-            return
-        if self.drafter is None:
+            request = self.request.replace(sampling=replace(self.request.sampling, **{field: value}))
+        else:  # checked as any request is, then against this pair's drafter
+            request = self.request.replace(**{{"tree": "tree_rows"}.get(name, name): value})
+        if name == "block_size" and self.drafter is None:
             raise DFlashError("block size does nothing with plain decoding (no drafter)")
-        self.pair.block_size(B)
+        fit(self.pair, request)
+        self.request = request
+        return f"{name} = {value}"
 
     def _new_cache(self) -> DecodeCache:
         return DecodeCache(self.target.make_cache(), self.drafter.make_cache() if self.drafter else None)
@@ -216,14 +189,10 @@ class ChatSession:
             prompt, reuse, disk, ran = self._from_blocks(ids, reuse, prompt_progress_callback)
             prompt_progress_callback = _after(prompt_progress_callback, ran)
         held = len(self.cache.tokens)
-        if self.calibration is None and auto_decides(self.pair, self.block_size, self.tree_rows):
+        if self.calibration is None and auto_decides(self.pair, self.request.block_size, self.request.tree_rows):
             self.calibration = measure(self.pair, prompt)  # once per session (the CLI passes a cached one)
-        responses = stream_generate(
-            self.pair, self.tokenizer, prompt, max_tokens=self.max_tokens,
-            sampling=self.sampling, block_size=self.block_size if self.drafter else None,
-            calibration=self.calibration, prefill_step_size=self.prefill_step_size, prompt_cache=self.cache,
-            tree_rows=self.tree_rows if self.drafter else 0, prompt_progress_callback=prompt_progress_callback,
-        )
+        responses = stream_generate(self.pair, self.tokenizer, prompt, self.request, calibration=self.calibration,
+                                    prompt_cache=self.cache, prompt_progress_callback=prompt_progress_callback)
         tokens, flags, last, interrupted = [], [], None, False
         try:
             for r in responses:
@@ -262,9 +231,9 @@ class ChatSession:
         this turn's whole blocks: (prompt still to run, reused tokens, of them
         from disk, tokens the blocks ran now)."""
         if reuse == 0:
-            self.cache, prompt, got = self.prompt_cache.prepare(ids, self.prefill_step_size, progress)
+            self.cache, prompt, got = self.prompt_cache.prepare(ids, self.request.prefill_step_size, progress)
             return prompt, got.tokens, got.disk, len(ids) - len(prompt) - got.tokens
-        self.prompt_cache.extend(self.cache, ids, self.prefill_step_size, progress)
+        self.prompt_cache.extend(self.cache, ids, self.request.prefill_step_size, progress)
         prompt = ids[len(self.cache.tokens) - 1:]
         return prompt, reuse, 0, len(ids) - len(prompt) - (reuse - 1)
 

@@ -23,7 +23,9 @@ from mlx.utils import tree_flatten
 from .analyze_progress import AnalyzeStep, StepCounter
 from .cycle_profile import cycle_breakdown
 from ..engine.pair import Pair
-from ..engine.decode.loop import autoregressive_generate_step, speculative_generate_step
+from ..engine.decode.loop import generate_step
+from ..engine.plan import plan
+from ..engine.request import DecodeRequest
 from ..errors import DFlashError
 from ..engine.sampling import SamplingParams
 from ..engine.logit_transform import apply_logit_transform
@@ -128,8 +130,8 @@ def decoded_tau(pair: Pair, prompts: list[list[int]], max_tokens: int, temperatu
         if tick:
             tick(f"prompt {i + 1} of {len(prompts)}")
         sampling = SamplingParams(temperature=temperature, seed=i)
-        steps = list(speculative_generate_step(prompt, pair, max_tokens=max_tokens,
-                                               block_size=block_size, sampling=sampling, tree_rows=tree_rows))
+        request = DecodeRequest(max_tokens=max_tokens, block_size=block_size, sampling=sampling, tree_rows=tree_rows)
+        steps = list(generate_step(prompt, pair, plan(pair, request, prompt_ids=prompt)))
         passes = steps[1:]
         taus.append(sum(len(s.tokens) for s in passes) / max(len(passes), 1))
         for s in passes:  # position t was tried if every earlier one was accepted
@@ -137,7 +139,8 @@ def decoded_tau(pair: Pair, prompts: list[list[int]], max_tokens: int, temperatu
             accepted[: s.accepted] += 1
         if check_parity:
             spec = [t for s in steps for t in s.tokens]
-            ar = [s.tokens[0] for s in autoregressive_generate_step(prompt, pair, max_tokens=max_tokens)]
+            plain = pair.without_drafter()
+            ar = [s.tokens[0] for s in generate_step(prompt, plain, plan(plain, request, prompt_ids=prompt))]
             identical += spec == ar
     out = {"tau": float(np.mean(taus)), "tau_by_prompt": taus,
            "acceptance_by_position": (accepted / np.maximum(reached, 1)).tolist()}

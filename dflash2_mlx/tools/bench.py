@@ -18,6 +18,7 @@ import mlx.core as mx
 
 from ..engine.pair import Pair
 from ..errors import BlockSizeError
+from ..engine.request import DecodeRequest
 from ..engine.sampling import SamplingParams
 from ..engine.target.adapter import Target
 from ..text.generate import stream_generate
@@ -66,10 +67,9 @@ def _rates(times: list[float], n: int) -> tuple[float, float]:
 def _run_dflash(pair, tokenizer, ids, B, max_tokens, sampling, calibration=None, tree: bool = False):
     """A chain of block B ("auto" per cycle), or (`tree`) trees of B rows drafted from the drafter's block."""
     drafter = pair.drafter
-    responses, times = _timed(stream_generate(
-        pair, tokenizer, ids, max_tokens=max_tokens, sampling=sampling,
-        block_size=B if drafter is not None and not tree else None, calibration=calibration,
-        tree_rows=B if tree else 0))
+    request = DecodeRequest(max_tokens=max_tokens, sampling=sampling, block_size=None if tree else B,
+                            tree_rows=B if tree else 0)
+    responses, times = _timed(stream_generate(pair, tokenizer, ids, request, calibration=calibration))
     s = responses[-1].stats
     decode, e2e = _rates(times, len(responses))
     return dict(prompt_tokens=s.prompt_tokens, generation_tokens=s.generation_tokens, prompt_tps=s.prompt_tps,

@@ -12,7 +12,7 @@ import statistics
 import time
 from bisect import bisect_right
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence
 
 import mlx.core as mx
 
@@ -20,7 +20,7 @@ from ..engine.adaptive.exactness import Exactness
 from ..engine.pair import Pair
 from ..text.generate import stream_generate
 from ..device import backend_name
-from ..engine.sampling import SamplingParams
+from ..engine.request import DecodeRequest
 from ..text.stats import GenerationStats
 
 WARMUP_TOKENS = 24
@@ -114,17 +114,11 @@ def parity(ar: ArmRun, spec: ArmRun, greedy: bool) -> Parity:
     return Parity("diverged", i, a, b, a_text, b_text)
 
 
-def run_arm(
-    pair: Pair, tokenizer, prompt_ids: Sequence[int], *,
-    max_tokens: int, sampling: SamplingParams, block_size: Union[int, str, None] = None, calibration=None,
-    tree_rows: int = 0,
-) -> ArmRun:
+def run_arm(pair: Pair, tokenizer, prompt_ids: Sequence[int], request: DecodeRequest, calibration=None) -> ArmRun:
     """Generate once, timing every token from the call."""
     tokens, pieces, flags, times, last = [], [], [], [], None
     tic = time.perf_counter()
-    for r in stream_generate(pair, tokenizer, list(prompt_ids), max_tokens=max_tokens,
-                             sampling=sampling, block_size=block_size, calibration=calibration,
-                             tree_rows=tree_rows):
+    for r in stream_generate(pair, tokenizer, list(prompt_ids), request, calibration=calibration):
         times.append(time.perf_counter() - tic)
         tokens.append(r.token)
         pieces.append(r.text)
@@ -235,9 +229,8 @@ def machine_info() -> dict:
 
 
 def compare(
-    pair: Pair, tokenizer, prompt_ids: Sequence[int], *,
-    max_tokens: int = 128, sampling: SamplingParams = SamplingParams(), block_size: Union[int, str, None] = None,
-    calibration=None, repeats: int = 2, warmup_tokens: int = WARMUP_TOKENS, tree_rows: int = 0,
+    pair: Pair, tokenizer, prompt_ids: Sequence[int], request: DecodeRequest = DecodeRequest(max_tokens=128), *,
+    calibration=None, repeats: int = 2, warmup_tokens: int = WARMUP_TOKENS,
     on_arm: Optional[Callable[[str, str, int], None]] = None, exactness: Optional[Exactness] = None,
 ) -> Comparison:
     """Warm both arms up, then run them one after the other `repeats` times,
@@ -249,12 +242,11 @@ def compare(
         raise ValueError("repeats must be at least 1")
     prompt_ids = list(prompt_ids)
     arms = {"ar": pair.without_drafter(), "spec": pair}
+    warmup = request.replace(max_tokens=min(request.max_tokens, warmup_tokens))
     for name, arm in arms.items():
         if on_arm:
             on_arm("warmup", name, 0)
-        run_arm(arm, tokenizer, prompt_ids, max_tokens=min(max_tokens, warmup_tokens),
-                sampling=sampling, block_size=block_size if arm.drafter else None, calibration=calibration,
-                tree_rows=tree_rows if arm.drafter else 0)
+        run_arm(arm, tokenizer, prompt_ids, warmup, calibration)
     runs: dict[str, list[ArmRun]] = {"ar": [], "spec": []}
     order = []
     for i in range(repeats):
@@ -263,20 +255,19 @@ def compare(
             if on_arm:
                 on_arm("measure", name, i)
             arm = arms[name]
-            runs[name].append(run_arm(arm, tokenizer, prompt_ids, max_tokens=max_tokens,
-                                      sampling=sampling, block_size=block_size if arm.drafter else None,
-                                      calibration=calibration, tree_rows=tree_rows if arm.drafter else 0))
+            runs[name].append(run_arm(arm, tokenizer, prompt_ids, request, calibration))
         order.append([runs[n][-1].mode for n in names])
+    sampling = request.sampling
     verdict = Parity("identical")
     for a, s in zip(runs["ar"], runs["spec"]):
         verdict = parity(a, s, sampling.greedy)
         if verdict.verdict != "identical":
             break
     settings = {
-        "max_tokens": max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
+        "max_tokens": request.max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
         "top_k": sampling.top_k, "min_p": sampling.min_p, "seed": sampling.seed,
         "block_size": runs["spec"][0].stats.block_size, "block_policy": runs["spec"][0].stats.block_policy,
-        "tree_rows": tree_rows, "repeats": repeats, "warmup_tokens": warmup_tokens,
+        "tree_rows": request.tree_rows, "repeats": repeats, "warmup_tokens": warmup_tokens,
     }
     return Comparison(prompt_ids, settings, runs["ar"], runs["spec"], order, machine_info(), verdict, exactness)
 
@@ -299,13 +290,11 @@ def honest_lines(summary: dict, machine: dict) -> list[str]:
     return lines
 
 
-def race(pair: Pair, tokenizer, prompt_ids: Sequence[int], *, max_tokens: int, sampling: SamplingParams,
-         block_size: Union[int, str, None] = None, calibration=None, tree_rows: int = 0) -> dict:
+def race(pair: Pair, tokenizer, prompt_ids: Sequence[int], request: DecodeRequest, calibration=None) -> dict:
     """One race as the page shows it: both arms warmed up, then plain decoding and then
     the pair, once each; the JSON record of `compare` (per-token times of both arms)
     with its honest lines under `notes`."""
-    result = compare(pair, tokenizer, prompt_ids, max_tokens=max_tokens, sampling=sampling, block_size=block_size,
-                     calibration=calibration, repeats=1, tree_rows=tree_rows)
+    result = compare(pair, tokenizer, prompt_ids, request, calibration=calibration, repeats=1)
     record = result.to_dict()
     record["notes"] = honest_lines(record["summary"], record["machine"])
     return record

@@ -14,7 +14,9 @@ from typing import Optional
 import mlx.core as mx
 
 from ..device import backend_name
-from ..engine.decode.loop import DecodeCache, speculative_generate_step
+from ..engine.decode.loop import DecodeCache, generate_step
+from ..engine.plan import plan
+from ..engine.request import DecodeRequest
 from ..engine.pair import Pair
 from ..engine.decode.profile import CycleProfiler
 from ..engine.sampling import SamplingParams
@@ -25,10 +27,8 @@ PHASES = ("draft", "select", "verify")
 def _run(pair, prompt, cycles, block_size, sampling, profiler):
     """Decode `cycles` cycles after prefill; returns (seconds per cycle, cache trace)."""
     cache = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
-    steps = speculative_generate_step(
-        prompt, pair, max_tokens=10**9, block_size=block_size, sampling=sampling,
-        prompt_cache=cache, profiler=profiler,
-    )
+    request = DecodeRequest(max_tokens=10**9, block_size=block_size, sampling=sampling)
+    steps = generate_step(prompt, pair, plan(pair, request, prompt_ids=prompt), prompt_cache=cache, profiler=profiler)
     next(steps)  # prefill and first token: not part of a cycle
     profiler.seconds.clear()
     profiler.fetches = 0

@@ -24,7 +24,7 @@ import hashlib
 import json
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -37,9 +37,11 @@ from .acceptance import AcceptanceEstimate
 from .batch_policy import BatchCosts, BatchPolicy
 from .costs import ContextCosts, Costs, CostTable, costs_from_dict
 from .policy import BlockPolicy
-from ..decode.loop import DecodeCache, speculative_generate_step
+from ..decode.loop import DecodeCache, generate_step
 from ..decode.state import FixedBlock
 from ..pair import Pair
+from ..plan import DecodePlan, plan
+from ..request import DecodeRequest
 from ..decode.profile import CycleProfiler
 from ..target.context import context_limit
 
@@ -110,8 +112,8 @@ def _pass_times(pair: Pair, prompt_ids, policy, passes: int, profiler=None,
         prompt_ids = prompt_cache.tokens[-1:]
         prompt_cache = DecodeCache(copy.deepcopy(prompt_cache.target), copy.deepcopy(prompt_cache.drafter),
                                    list(prompt_cache.tokens), unread=prompt_cache.unread)
-    gen = speculative_generate_step(prompt_ids, pair, max_tokens=passes * pair.max_block_size + 8,
-                                    policy=policy, profiler=profiler, prompt_cache=prompt_cache)
+    gen = generate_step(prompt_ids, pair, _with_policy(pair, passes * pair.max_block_size + 8, policy),
+                        profiler=profiler, prompt_cache=prompt_cache)
     try:
         for i, step in enumerate(gen):
             now = time.perf_counter()
@@ -124,6 +126,11 @@ def _pass_times(pair: Pair, prompt_ids, policy, passes: int, profiler=None,
     finally:
         gen.close()
     return times, steps
+
+
+def _with_policy(pair: Pair, max_tokens: int, policy) -> DecodePlan:
+    """A greedy plan of `max_tokens` whose blocks `policy` picks (a measurement's own)."""
+    return replace(plan(pair, DecodeRequest(max_tokens=max_tokens, block_size=None)), policy=policy)
 
 
 def long_contexts(limit: Optional[int], short: int) -> list[int]:
@@ -143,7 +150,7 @@ def _read_prompt(pair: Pair, prompt_ids: Sequence[int]) -> DecodeCache:
     """Caches at rest after the prompt and its first token: every measurement decodes
     from a copy, so the prompt is read once (a real model's prompt takes seconds on a CPU)."""
     cache = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
-    for _ in speculative_generate_step(prompt_ids, pair, max_tokens=1, policy=FixedBlock(1), prompt_cache=cache):
+    for _ in generate_step(prompt_ids, pair, _with_policy(pair, 1, FixedBlock(1)), prompt_cache=cache):
         pass
     cache.catch_up(pair.drafter)  # its copies get rows written straight into the drafter cache
     return cache

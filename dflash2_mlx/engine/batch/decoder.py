@@ -15,7 +15,6 @@ batch's committed tokens per second at the pass cost of the batch's total rows.
 """
 
 import time
-from dataclasses import replace
 from typing import Optional
 
 import mlx.core as mx
@@ -27,16 +26,16 @@ from ..decode.constrained import grammar_propose
 from ..decode.state import CycleOutcome, DecodeCache, DecodeStep, LastVerify
 from ..drafter.propose import propose
 from ..pair import Pair
+from ..plan import DecodePlan
 from ..target.adapter import Undo
 from ..tree.cycle import PlannedTree, finish_tree, plan_tree
 from ..tree.verify import tree_views
-from ..decode.loop import decide
 from .ahead import LookAhead
 from .passes import batch_blocker, draft_pass, target_pass
 from .plain_run import PlainRun
-from .sequence import BatchSequence, SequenceSettings
+from .sequence import BatchSequence
 
-__all__ = ["BatchDecoder", "BatchSequence", "SequenceFailed", "SequenceSettings", "batch_blocker"]
+__all__ = ["BatchDecoder", "BatchSequence", "SequenceFailed", "batch_blocker"]
 
 
 class SequenceFailed(Exception):
@@ -68,14 +67,12 @@ class BatchDecoder:
         self._untimed = 0.0  # seconds of cycles that computed no pass, added to the next pass's time
 
     # -- joining and leaving ------------------------------------------------------------
-    def add(self, prompt, settings: SequenceSettings = SequenceSettings(),
-            prompt_cache: Optional[DecodeCache] = None) -> BatchSequence:
-        """A new sequence; its prompt runs chunk by chunk in the next steps."""
+    def add(self, prompt, plan: DecodePlan, prompt_cache: Optional[DecodeCache] = None) -> BatchSequence:
+        """A new sequence decoding as `plan` says (`engine.plan.plan(..., batched=True)`);
+        its prompt runs chunk by chunk in the next steps."""
         if len(self.sequences) >= self.max_batch:
             raise DFlashError(f"the batch is full ({self.max_batch} sequences): remove one first")
-        if self.pair.drafter is None and settings.block_size not in (None, 1):
-            settings = replace(settings, block_size=None)
-        seq = BatchSequence(self.pair, prompt, settings, prompt_cache)
+        seq = BatchSequence(self.pair, prompt, plan, prompt_cache)
         self.sequences.append(seq)
         return seq
 
@@ -142,7 +139,8 @@ class BatchDecoder:
             else:
                 outcome = self._outcome(s, d, (p[0][0], None if p[1] is None else p[1][:1], g[0]),
                                         fetched.pop(0))
-            steps.append(s.commit(outcome, plain=d is None, decided=decided))
+            s.commit(outcome, plain=d is None, decided=decided)
+            steps.append(outcome.step())
         self._time_pass(chosen, blocks, time.perf_counter() - tic, from_ahead=ahead is not None and bool(ahead.seqs),
                         launched=self._ahead is not None)
         self.last_blocks = blocks
@@ -174,7 +172,7 @@ class BatchDecoder:
         if any(b != 1 for b in blocks) or any(s.rule is not None or s.grammar is not None for s in seqs):
             return False
         for s in seqs:  # their next cycle, from the tokens left after this one and this context
-            s.choice = decide(s.policy, s.left - 1, s.context)
+            s.decide_before_commit()
         if any(s.left <= 1 for s in seqs) or any(s.running and s not in seqs for s in self.sequences):
             return True  # someone finishes, or a newcomer waits to join: the next pass is not this set
         nxt, chosen = self._blocks(seqs, context_ahead=1)
@@ -189,7 +187,7 @@ class BatchDecoder:
         own = [s.choice.block if s.choice is not None else 1 for s in seqs]
         if self.pair.drafter is None:
             return [1] * len(seqs), False
-        free = [i for i, s in enumerate(seqs) if s.settings.batch_decides and s.rule is None and not s.tree_rows]
+        free = [i for i, s in enumerate(seqs) if s.plan.batch_decides and s.rule is None and not s.tree_rows]
         if self.policy is None or not free:
             return own, False
         views = [SequenceView(tokens_left=s.left - context_ahead, context=s.context + context_ahead, max_block=s.block,

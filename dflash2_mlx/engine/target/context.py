@@ -1,10 +1,12 @@
 """How many positions a target reads: its config's context, rope scaling included.
 
 The engine needs it (the calibration measures costs at a long context within
-it) and so does the text layer (text/context.py refuses prompts that fill it).
+it) and so does the plan (`check_context` refuses prompts that fill it).
 """
 
 from typing import Optional
+
+from ...errors import PromptTooLongError
 
 # Rope types whose `factor` stretches the trained length when the config does not
 # state it as `original_max_position_embeddings` (dynamic NTK and YaRN read the
@@ -46,3 +48,19 @@ def _positive(value) -> Optional[int]:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         return None
     return int(value)
+
+
+def check_context(target, prompt_tokens: int, what: str = "the prompt") -> Optional[int]:
+    """The tokens that can still be generated after `prompt_tokens` (every token
+    the target will have read before answering, earlier turns included); None
+    when the target states no limit. Raises `PromptTooLongError` when the
+    prompt leaves no room for even one."""
+    limit = context_limit(target)
+    if limit is None:
+        return None
+    if prompt_tokens >= limit:
+        where = "over" if prompt_tokens > limit else "all of"
+        raise PromptTooLongError(
+            f"{what} has {prompt_tokens:,} tokens, {where} this model's context of {limit:,} tokens (prompt and "
+            f"answer together): shorten it, or use a model with a longer context", prompt_tokens, limit)
+    return limit - prompt_tokens

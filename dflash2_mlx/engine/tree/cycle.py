@@ -28,12 +28,11 @@ def max_tree_rows(drafter) -> int:
 
 
 def check_tree_rows(pair, rows: int, name: str = "tree rows") -> None:
-    """Raise DFlashError (naming `name`) unless `rows` is 0 (the chain) or a
-    tree the pair's drafter can fill; with no drafter there is no tree."""
+    """Raise DFlashError (naming `name`) unless `rows` (0: the chain; the request
+    checked the rest, `request.tree_rows_value`) is a tree the pair's drafter can
+    fill; with no drafter there is no tree."""
     if rows == 0 or pair.drafter is None:
         return
-    if rows < 2:
-        raise DFlashError(f"{name} {rows}: use 0 for the chain or at least 2 (the anchor and one draft)")
     most = max_tree_rows(pair.drafter)
     if rows > most:
         c = pair.drafter.config
@@ -45,7 +44,7 @@ def check_tree_rows(pair, rows: int, name: str = "tree rows") -> None:
 def tree_rows_for(pair, rows: int) -> int:
     """The tree rows to verify with: `rows`, or 0 (the chain) with one warning
     line when the target cannot branch in one pass."""
-    check_tree_rows(pair, rows)
+    check_tree_rows(pair, rows, "tree_rows")
     if rows == 0:
         return 0
     why = branch_blocker(pair.target.make_cache())

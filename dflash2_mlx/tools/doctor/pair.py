@@ -25,14 +25,16 @@ def self_test(pair, tokenizer, *, block_size: Optional[int] = None, max_tokens: 
     exactness probe (cached under `folder`, probed `again` when asked) says whether
     a divergence is a fault (bitwise) or a near-tie the backend's kernels flipped."""
     from ...engine.adaptive.exactness import load_or_probe
+    from ...engine.request import DecodeRequest
     from ...text.generate import stream_generate
     from ...text.prompt import build_prompt
     from ..compare import first_divergence
     from ..suites import SUITES
 
     ids = build_prompt(tokenizer, SUITES["code"][0])
-    spec = list(stream_generate(pair, tokenizer, ids, max_tokens=max_tokens, block_size=block_size))
-    ar = [r.token for r in stream_generate(pair.without_drafter(), tokenizer, ids, max_tokens=max_tokens)]
+    request = DecodeRequest(max_tokens=max_tokens, block_size=block_size)
+    spec = list(stream_generate(pair, tokenizer, ids, request))
+    ar = [r.token for r in stream_generate(pair.without_drafter(), tokenizer, ids, request)]
     s = spec[-1].stats
     first = s.acceptance_by_position[0] if s.acceptance_by_position else 0.0
     data = {"prompt_tokens": len(ids), "generation_tokens": s.generation_tokens, "block_size": s.block_size,
