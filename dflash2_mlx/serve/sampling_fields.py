@@ -13,22 +13,18 @@ from .fields import check_range, get, shown
 
 COUNT_MAX = 2**31 - 1  # counts reach MLX as int32
 SEED_MAX = 2**64 - 1  # a seed becomes an unsigned 64-bit MLX key
-# Below this a temperature is greedy, as vLLM reads it: 1/T past float32's range makes every row NaN.
-GREEDY_BELOW = 1e-5
 _TOKEN_KEY = re.compile(r"-?[0-9]{1,20}")  # ASCII digits only: int() reads other scripts' digits too
 
 
 def read_sampling(body: dict, max_temperature: float) -> SamplingParams:
-    """Temperature 0 (greedy) unless asked, as `dflash2 generate` (and below GREEDY_BELOW);
-    422 outside the ranges."""
+    """Temperature 0 (greedy) unless asked, as `dflash2 generate`; 422 outside the ranges.
+    (A tiny temperature decodes greedily: the request's rule, engine/request.py.)"""
     temperature = get(body, "temperature", float, 0.0)
     top_p = get(body, "top_p", float, 1.0)
     top_k = get(body, "top_k", int, 0)
     min_p = get(body, "min_p", float, 0.0)
     seed = get(body, "seed", int)
     check_range("temperature", temperature, 0.0, max_temperature)
-    if temperature < GREEDY_BELOW:
-        temperature = 0.0
     check_range("top_p", top_p, 0.0, 1.0, low_open=True)
     if top_k == -1:  # vLLM's spelling of "off"
         top_k = 0
