@@ -351,14 +351,14 @@ SAMPLING_PROMPT = [1, 5, 2, 7, 3, 6, 4, 1]  # longer than the window below: roll
 
 def _tiny_sampling_pair(family: str):
     """A V=8 target (window 4, ring room 3 rows) and a DFlash 2 drafter for it."""
-    from mlx_lm.utils import _get_classes
+    from dflash2_mlx.loading.model_classes import model_classes
     from dflash2_mlx.tools.synthetic import target_config
     from test_sampling import V, tiny_drafter
 
     extra = dict(tie_word_embeddings=False, sliding_window=4,
                  layer_types=["sliding_attention", "full_attention"]) if family == "muse_glimmer" else {}
     cfg = target_config(family, vocab_size=V, hidden_size=32, num_hidden_layers=2, **extra)
-    model_cls, args_cls = _get_classes(cfg)
+    model_cls, args_cls = model_classes(cfg)
     mx.random.seed(7)
     target = Target(model_cls(args_cls.from_dict(cfg)), max_block=4)  # the drafter block size: the ring still wraps
     return target, tiny_drafter(cfg, "dflash2")

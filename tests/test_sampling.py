@@ -27,6 +27,7 @@ import dflash2_mlx.engine.decode.chain as chain
 from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.engine.decode.loop import autoregressive_generate_step, speculative_generate_step
 from dflash2_mlx.engine.sampling import SamplingParams, make_logprobs_transform
+from dflash2_mlx.loading.model_classes import model_classes
 from dflash2_mlx.tools.synthetic import drafter_config_dict, random_drafter, target_config
 from dflash2_mlx.engine.target.adapter import Target
 from helpers import mlx_lm_distribution, mlx_lm_sampler
@@ -36,10 +37,8 @@ V, PROMPT, N_SAMPLES = 8, [1, 5, 2], 1000
 
 
 def tiny_target():
-    from mlx_lm.utils import _get_classes
-
     cfg = target_config("qwen3", vocab_size=V, hidden_size=32, num_hidden_layers=2)
-    model_cls, args_cls = _get_classes(cfg)
+    model_cls, args_cls = model_classes(cfg)
     mx.random.seed(7)
     model = model_cls(args_cls.from_dict(cfg))
     return Target(model), cfg

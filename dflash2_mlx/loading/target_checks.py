@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 from ..errors import CheckpointError
+from .model_classes import model_classes
 from .safetensors_header import check_safetensors
 
 # Files from which transformers can build a tokenizer when tokenizer.json is absent.
@@ -26,9 +27,7 @@ def check_target_folder(folder: Path, config: dict) -> None:
 
 def _check_args(folder: Path, config: dict) -> None:
     try:
-        from mlx_lm.utils import _get_classes  # mlx-lm's own model-type lookup (with its remapping)
-
-        _, args_class = _get_classes(config)
+        _, args_class = model_classes(config)  # mlx-lm's own model-type lookup (with its remapping)
     except Exception:  # an unknown type is reported by the family check / mlx-lm itself
         return
     # Built the way load_model builds it (some families nest or rename keys in from_dict),

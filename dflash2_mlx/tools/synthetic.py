@@ -17,6 +17,7 @@ from mlx.utils import tree_flatten, tree_map_with_path
 
 from ..engine.drafter.config import DFLASH2_ARCH, DFLASH_ARCH, DrafterConfig
 from ..engine.drafter.model import Drafter
+from ..loading.model_classes import model_classes
 from ..train.export import released_weights
 
 EOS = "<|endoftext|>"
@@ -89,11 +90,11 @@ def _save(folder: Path, weights: dict, config: dict) -> Path:
 def write_target(folder, model_type: str = "qwen3", seed: int = 0, quantize_bits: Optional[int] = None,
                  dtype=mx.float32, tokenizer_text: Optional[str] = None, **dims) -> Path:
     """A random mlx-lm target (optionally quantized as `mlx_lm.convert -q` does) plus tokenizer."""
-    from mlx_lm.utils import _get_classes, quantize_model
+    from mlx_lm.utils import quantize_model
 
     folder = Path(folder)
     config = target_config(model_type, **dims)
-    model_cls, args_cls = _get_classes(config)
+    model_cls, args_cls = model_classes(config)
     mx.random.seed(seed)
     model = model_cls(args_cls.from_dict(config))
     # Default init makes tiny models repeat one token; larger projections give
