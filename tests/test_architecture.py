@@ -33,7 +33,8 @@ RANKS = {"ground": 0, "metal": 0, "kernels": 1, "engine": 2, "loading": 3, "text
 ENGINE = "dflash2_mlx.engine"
 ENGINE_RANKS = {
     f"{ENGINE}.sampling": 0, f"{ENGINE}.window": 0, f"{ENGINE}.logit_transform": 0, f"{ENGINE}.grammar": 0,
-    f"{ENGINE}.kv_buckets": 0,
+    f"{ENGINE}.kv_buckets": 0, f"{ENGINE}.residency": 0,
+    f"{ENGINE}.request": 1,  # a decode request: built on the rules (sampling, grammar)
     f"{ENGINE}.target": 1, f"{ENGINE}.drafter": 1,
     f"{ENGINE}.pair": 2,
     f"{ENGINE}.decode": 3,
@@ -41,6 +42,7 @@ ENGINE_RANKS = {
     f"{ENGINE}.decode.loop": 5,
     f"{ENGINE}.adaptive": 6,
     f"{ENGINE}.batch": 7,
+    f"{ENGINE}.plan": 8,  # a request's plan: it settles what the loops and the policies will do
 }
 # The package root re-exports the public API lazily (by name, not by import).
 FACADE = PACKAGE
