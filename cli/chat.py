@@ -65,8 +65,7 @@ def chat(
     from dflash2_mlx.engine.plan import fit
     from dflash2_mlx.loading.load_pair import load_pair
     from dflash2_mlx.text.chat_session import ChatSession
-    from dflash2_mlx.text.prompt import build_prompt
-    from dflash2_mlx.tools.suites import SUITES
+    from dflash2_mlx.text.prompt import probe_prompt
     from dflash2_mlx.text.stats import mode_name
 
     ui.progress_note("loading models…")
@@ -74,7 +73,7 @@ def chat(
                                 time_collectives=time_collectives, draft_window=draft_window)
     fit(pair, request)  # a block or tree this drafter cannot draft: before a calibration
     # No conversation yet: a measurement (first use on this machine only) reads a built-in prompt.
-    probe = build_prompt(tokenizer, SUITES["code"][0])
+    probe = probe_prompt(tokenizer)
     request, calibration = inputs.calibrate(pair, request, probe, recalibrate, ranks=rank is not None)
     view = ui.ChatView(color=color)
     prompt_cache = None

@@ -14,11 +14,10 @@ def exactness(pair, tokenizer, again: bool = False):
     if pair.drafter is None:
         return None
     from dflash2_mlx.engine.adaptive.exactness import exactness_path, load_or_probe
-    from dflash2_mlx.text.prompt import build_prompt
-    from dflash2_mlx.tools.suites import SUITES
+    from dflash2_mlx.text.prompt import probe_prompt
 
     folder = cache_folder()
     needed = again or not exactness_path(pair, folder).exists()
     with timed_note("checking whether a verify block is bitwise one-by-one decoding here, once", needed):
         # The prompt doctor's self-test reads: one verdict per pair, whatever the prompt.
-        return load_or_probe(pair, folder, build_prompt(tokenizer, SUITES["code"][0]), again)
+        return load_or_probe(pair, folder, probe_prompt(tokenizer), again)

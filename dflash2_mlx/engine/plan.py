@@ -1,6 +1,6 @@
 """A request's plan: what one generation decodes with, worked out before anything runs.
 
-`plan(pair, request, calibration)` checks what depends on the loaded pair (a
+`plan(pair, request, calibration)` (a `decode.state.DecodePlan`) checks what depends on the loaded pair (a
 block the drafter can draft, a tree its lattice fills, the room left in the
 context) and settles every choice the loops would otherwise each make: the
 block (fixed, or the most auto may draft), the block policy (a tree drafts
@@ -20,38 +20,14 @@ from typing import Callable, ContextManager, Optional, Sequence
 from ..errors import DFlashError
 from .adaptive.policy import auto_decides
 from .decode.rows import RowRule
-from .decode.state import FixedBlock
+from .decode.state import DecodePlan, FixedBlock
 from .grammar import GrammarState
 from .pair import Pair
 from .request import DecodeRequest, RequestError
-from .sampling import SamplingParams
 from .target.context import check_context
 from .tree.cycle import tree_rows_for
 
 __all__ = ["DecodePlan", "plan", "calibration_for", "Calibrated"]
-
-
-@dataclass(frozen=True)
-class DecodePlan:
-    """One run's settled settings (a plan holds a fresh grammar state: one per run)."""
-
-    request: DecodeRequest
-    max_tokens: int  # the request's, capped where the context ends
-    block: int  # the fixed block, or the most auto may draft (1: plain decoding)
-    auto: bool  # `block_size="auto"` picks each cycle's block
-    policy: object  # chooses each cycle's block: a `BlockPolicy` or a `FixedBlock`
-    tree_rows: int  # rows per verify tree; 0: the chain
-    batch_decides: bool  # in a batch, the batch policy picks this sequence's block each cycle
-    grammar: Optional[GrammarState]
-    rule: Optional[RowRule]  # None: the target's rows are decoded as they are
-
-    @property
-    def sampling(self) -> SamplingParams:
-        return self.request.sampling
-
-    @property
-    def prefill_step_size(self) -> Optional[int]:
-        return self.request.prefill_step_size
 
 
 def plan(pair: Pair, request: DecodeRequest, calibration=None, *, prompt_ids: Sequence[int] = (),

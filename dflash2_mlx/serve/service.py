@@ -3,18 +3,15 @@
 With `max_batch` > 1 the worker runs requests together (serve/batching.py,
 docs/batching.md); otherwise, or where the pair cannot batch, one at a time.
 
-A single worker thread owns the model. It also loads it, because MLX streams
-belong to the thread that made them (running a model loaded on another thread
-fails with "There is no Stream(cpu, 0) in current thread"). Requests wait in a
-FIFO queue bounded by `max_queue`; beyond it `submit` raises `QueueFull`.
-Between tokens the worker checks whether the client went away, so a cancelled
-request stops within one decode cycle, and `stream_generate`'s own clean-up
-rewinds the caches to the tokens it returned, which keeps them reusable.
+A single worker thread owns the model and loads it (MLX streams belong to the
+thread that made them). Requests wait in a FIFO queue bounded by `max_queue`;
+beyond it `submit` raises `QueueFull`. Between tokens the worker checks whether
+the client went away, so a cancelled request stops within one decode cycle, and
+`stream_generate`'s clean-up rewinds the caches to the tokens it returned.
 
-A request that raises ends alone (a 500 of one line; its caches dropped). A
-worker that dies (a BaseException) fails every request it holds and all later
-ones with 503 and says why in `failure`, which /health reports and cli/serve.py
-exits on (a supervisor restarts it): the library never exits the process.
+A request that raises ends alone (a 500 of one line; its caches dropped). A worker
+that dies fails every request it holds and all later ones with 503 and says why in
+`failure` (/health reports it, cli/serve.py exits on it): the library never exits.
 """
 
 import asyncio
@@ -37,6 +34,7 @@ from ..engine.request import DecodeRequest
 from ..errors import DFlashError, PromptTooLongError
 from ..text.context import check_context
 from ..text.generate import stream_generate
+from ..text.prompt import probe_prompt
 from ..text.prompt_cache import CacheSettings, PromptCache
 from .batching import BatchRunner
 from .errors import ApiError, error_line, log_failure
@@ -144,9 +142,8 @@ class EngineService:
 
     # -- requests (event-loop thread) -------------------------------------------------
     def submit(self, request: GenerationRequest) -> Job:
-        """Queue `request`. A prompt that fills the model's context is refused
-        here with a 400, before a streamed answer starts (an answer that reaches
-        the end of the context stops there, finish reason "length")."""
+        """Queue `request`; a prompt that fills the model's context is a 400 here, before a
+        streamed answer starts (an answer that reaches the context's end stops: "length")."""
         try:
             check_context(getattr(self.pair, "target", None), len(request.prompt_ids))
         except PromptTooLongError as e:
@@ -273,23 +270,15 @@ class EngineService:
             self.on_failed(line)
 
     def _calibrate(self) -> None:
-        """Read (or measure once) this machine's costs for block_size "auto", as the
-        command line does; ranks of a split target decode the drafter's fixed block."""
-        if self.calibration is not None:
-            return
-        from ..text.prompt import build_prompt
-        from ..tools.suites import SUITES
-
-        def measuring():
-            log.warning("measuring this machine's decode costs for --block-size auto (once per machine and pair)")
-            return contextlib.nullcontext()
-
-        settled = calibration_for(self.pair, self.request, self.calibration_folder,
-                                  build_prompt(self.tokenizer, SUITES["code"][0]), recalibrate=self.recalibrate,
-                                  ranks=self.channel is not None, measuring=measuring)
-        self.request, self.calibration = settled.request, settled.calibration
-        if settled.note is not None:
-            log.warning(settled.note)
+        """Read (or measure once) the costs block_size "auto" needs, as the command line does;
+        ranks of a split target decode the drafter's fixed block."""
+        if self.calibration is None:
+            settled = calibration_for(self.pair, self.request, self.calibration_folder, probe_prompt(self.tokenizer),
+                                      recalibrate=self.recalibrate, ranks=self.channel is not None,
+                                      measuring=_measuring_note)
+            self.request, self.calibration = settled.request, settled.calibration
+            if settled.note is not None:
+                log.warning(settled.note)
 
     def _batch_runner(self):
         """The batch runner when requests can share passes here, else None (one at a
@@ -405,3 +394,7 @@ class EngineService:
             self.pool.put(cache)
         return ids, reuse, n, last, cancelled
 
+
+def _measuring_note():
+    log.warning("measuring this machine's decode costs for --block-size auto (once per machine and pair)")
+    return contextlib.nullcontext()

@@ -5,6 +5,16 @@ from typing import Optional
 from ..errors import DFlashError
 
 
+# What a measurement reads when there is no conversation yet (a calibration, the exactness
+# probe, the doctor's self-test): the first of the built-in code prompts (tools/suites.py).
+PROBE_TEXT = "Write a Python function that returns the n-th Fibonacci number iteratively."
+
+
+def probe_prompt(tokenizer) -> list[int]:
+    """`PROBE_TEXT` as the model reads it (its chat template applied)."""
+    return build_prompt(tokenizer, PROBE_TEXT)
+
+
 def build_prompt(
     tokenizer,
     text: str,

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DFlashError
+from ..text.prompt import PROBE_TEXT
 
 SUITES: dict[str, tuple[str, ...]] = {
     "code": (
-        "Write a Python function that returns the n-th Fibonacci number iteratively.",
+        PROBE_TEXT,
         "Write a Python function that checks whether a string is a palindrome, ignoring case and spaces.",
         "Write a Python class for a stack with push, pop, peek and is_empty methods.",
     ),

@@ -24,7 +24,7 @@ import hashlib
 import json
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -38,9 +38,8 @@ from .batch_policy import BatchCosts, BatchPolicy
 from .costs import ContextCosts, Costs, CostTable, costs_from_dict
 from .policy import BlockPolicy
 from ..decode.loop import DecodeCache, generate_step
-from ..decode.state import FixedBlock
+from ..decode.state import DecodePlan, FixedBlock
 from ..pair import Pair
-from ..plan import DecodePlan, plan
 from ..request import DecodeRequest
 from ..decode.profile import CycleProfiler
 from ..target.context import context_limit
@@ -129,8 +128,10 @@ def _pass_times(pair: Pair, prompt_ids, policy, passes: int, profiler=None,
 
 
 def _with_policy(pair: Pair, max_tokens: int, policy) -> DecodePlan:
-    """A greedy plan of `max_tokens` whose blocks `policy` picks (a measurement's own)."""
-    return replace(plan(pair, DecodeRequest(max_tokens=max_tokens, block_size=None)), policy=policy)
+    """A greedy plan of `max_tokens` whose blocks `policy` picks (a measurement's own: the
+    contexts it reads fit the target, `long_contexts`)."""
+    return DecodePlan(DecodeRequest(max_tokens=max_tokens, block_size=None), max_tokens, pair.max_block_size,
+                      auto=False, policy=policy, tree_rows=0, batch_decides=False, grammar=None, rule=None)
 
 
 def long_contexts(limit: Optional[int], short: int) -> list[int]:

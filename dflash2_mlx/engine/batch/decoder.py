@@ -23,10 +23,9 @@ from ...errors import DFlashError
 from ..adaptive.batch_policy import SequenceView
 from ..decode.verify import accept_greedy, accept_sampled
 from ..decode.constrained import grammar_propose
-from ..decode.state import CycleOutcome, DecodeCache, DecodeStep, LastVerify
+from ..decode.state import CycleOutcome, DecodeCache, DecodePlan, DecodeStep, LastVerify
 from ..drafter.propose import propose
 from ..pair import Pair
-from ..plan import DecodePlan
 from ..target.adapter import Undo
 from ..tree.cycle import PlannedTree, finish_tree, plan_tree
 from ..tree.verify import tree_views

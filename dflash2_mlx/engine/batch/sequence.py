@@ -11,9 +11,8 @@ from typing import Optional
 
 from ..decode.loop import prefill_chunks
 from ..decode.sequence import SequenceRun
-from ..decode.state import CycleOutcome, DecodeCache, DecodeStep
+from ..decode.state import CycleOutcome, DecodeCache, DecodePlan, DecodeStep
 from ..pair import Pair
-from ..plan import DecodePlan
 
 
 class BatchSequence(SequenceRun):

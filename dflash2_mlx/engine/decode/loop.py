@@ -13,13 +13,12 @@ import mlx.core as mx
 
 from ...device import default_prefill_step_size
 from ..pair import Pair
-from ..plan import DecodePlan
 from ..tree.cycle import tree_cycle
 from .chain import chain_cycle
 from .plain import PlainStep
 from .profile import CycleProfiler
 from .sequence import SequenceRun
-from .state import FLUSH_ROWS, DecodeCache, DecodeStep
+from .state import FLUSH_ROWS, DecodeCache, DecodePlan, DecodeStep
 
 __all__ = ["DecodeCache", "DecodeStep", "generate_step"]
 

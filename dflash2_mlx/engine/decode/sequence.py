@@ -23,10 +23,9 @@ from typing import Optional
 import mlx.core as mx
 
 from ..pair import Pair
-from ..plan import DecodePlan
 from ..sampling import make_key, make_logprobs_transform, split_key, token_sampler
 from .profile import CycleProfiler
-from .state import FLUSH_ROWS, Choice, CycleOutcome, DecodeCache, PendingFeatures
+from .state import FLUSH_ROWS, Choice, CycleOutcome, DecodeCache, DecodePlan, PendingFeatures
 from ...errors import DFlashError
 
 

@@ -13,7 +13,11 @@ import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from ...errors import DFlashError
+from ..grammar import GrammarState
+from ..request import DecodeRequest
+from ..sampling import SamplingParams
 from ..target.adapter import Target, Undo
+from .rows import RowRule
 
 # Pending feature rows pushed into the drafter cache at once during long plain
 # runs (bounds the memory the captured features hold).
@@ -84,6 +88,30 @@ class CycleOutcome:
     def step(self) -> DecodeStep:
         flags = ((True,) * self.accepted + (False,))[: len(self.tokens)]
         return DecodeStep(self.tokens, flags, self.drafted, self.accepted, self.verify_rows, self.logprobs)
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """One run's settled settings, made by `engine.plan.plan` from a `DecodeRequest` (a plan
+    holds a fresh grammar state: one per run); both decode loops take it whole."""
+
+    request: DecodeRequest
+    max_tokens: int  # the request's, capped where the context ends
+    block: int  # the fixed block, or the most auto may draft (1: plain decoding)
+    auto: bool  # `block_size="auto"` picks each cycle's block
+    policy: object  # chooses each cycle's block: a `BlockPolicy` or a `FixedBlock`
+    tree_rows: int  # rows per verify tree; 0: the chain
+    batch_decides: bool  # in a batch, the batch policy picks this sequence's block each cycle
+    grammar: Optional[GrammarState]
+    rule: Optional[RowRule]  # None: the target's rows are decoded as they are
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.request.sampling
+
+    @property
+    def prefill_step_size(self) -> Optional[int]:
+        return self.request.prefill_step_size
 
 
 @dataclass(frozen=True)

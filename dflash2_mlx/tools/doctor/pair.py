@@ -27,11 +27,10 @@ def self_test(pair, tokenizer, *, block_size: Optional[int] = None, max_tokens: 
     from ...engine.adaptive.exactness import load_or_probe
     from ...engine.request import DecodeRequest
     from ...text.generate import stream_generate
-    from ...text.prompt import build_prompt
+    from ...text.prompt import probe_prompt
     from ..compare import first_divergence
-    from ..suites import SUITES
 
-    ids = build_prompt(tokenizer, SUITES["code"][0])
+    ids = probe_prompt(tokenizer)
     request = DecodeRequest(max_tokens=max_tokens, block_size=block_size)
     spec = list(stream_generate(pair, tokenizer, ids, request))
     ar = [r.token for r in stream_generate(pair.without_drafter(), tokenizer, ids, request)]
@@ -69,10 +68,9 @@ def decode_costs(pair, tokenizer, folder=None, recalibrate: bool = False) -> Sec
     under `folder`, measured when missing)."""
     from ...engine.adaptive.calibrate import load_or_calibrate
     from ...engine.target.context import context_limit
-    from ...text.prompt import build_prompt
-    from ..suites import SUITES
+    from ...text.prompt import probe_prompt
 
-    cal = load_or_calibrate(pair, folder, build_prompt(tokenizer, SUITES["code"][0]), recalibrate)
+    cal = load_or_calibrate(pair, folder, probe_prompt(tokenizer), recalibrate)
     where = f"cached in {cal.path}" if cal.cached else (f"measured now, saved to {cal.path}" if cal.path else "measured now")
     contexts = cal.costs.contexts
     first = min(contexts)
