@@ -20,8 +20,11 @@ import queue
 from dataclasses import dataclass, field
 from typing import Optional
 
+import mlx.core as mx
+
 from ..engine.batch.decoder import BatchDecoder, BatchSequence, SequenceFailed
 from ..engine.plan import plan
+from ..engine.residency import generation_stream, wired_limit
 from ..engine.decode.state import DecodeCache
 from ..errors import DFlashError
 from ..text.generate import GenerationResponse, TextStream
@@ -58,16 +61,19 @@ class BatchRunner:
         self.stopping = False
 
     def run(self) -> None:
-        while True:
-            if not self.running:
-                for task in self.tasks:
-                    self.service.run_task(task)
-                self.tasks.clear()
-                if self.stopping:
-                    return
-            self._take_jobs()
-            if self.running:
-                self._step()
+        # As stream_generate (and mlx-lm): the engine's work on the generation stream, the
+        # pair's weights kept resident while the batch serves.
+        with wired_limit(self.service.pair, [generation_stream]), mx.stream(generation_stream):
+            while True:
+                if not self.running:
+                    for task in self.tasks:
+                        self.service.run_task(task)
+                    self.tasks.clear()
+                    if self.stopping:
+                        return
+                self._take_jobs()
+                if self.running:
+                    self._step()
 
     # -- the queue ----------------------------------------------------------------------
     def _take_jobs(self) -> None:
