@@ -44,10 +44,32 @@ def load_pair_for(family="qwen3", kind="dflash2", quantize_bits=None, **cfg):
     return target, tokenizer, drafter
 
 
-def ar_tokens(target, prompt, n):
-    from dflash2_mlx.engine.decode.loop import autoregressive_generate_step
+def decode_steps(prompt, pair, request=None, *, policy=None, tokenizer=None, **loop):
+    """The decode loop (`generate_step`) on `pair` for `request` (default: greedy, 256
+    tokens, the drafter's fixed block): its plan, with `policy` in place of the plan's
+    block policy when given (`tokenizer`: for a grammar). `loop`: generate_step's
+    prompt_cache, profiler, prompt_progress_callback."""
+    from dataclasses import replace
 
-    return [s.tokens[0] for s in autoregressive_generate_step(prompt, Pair.make(target), max_tokens=n)]
+    from dflash2_mlx.engine.decode.loop import generate_step
+    from dflash2_mlx.engine.plan import plan
+    from dflash2_mlx.engine.request import DecodeRequest
+
+    request = DecodeRequest(block_size=None) if request is None else request
+    ids = [int(t) for t in np.array(prompt).reshape(-1)]
+    history = 0
+    if loop.get("prompt_cache") is not None:
+        history = max(len(loop["prompt_cache"].tokens) - 1, 0)
+    decode = plan(pair, request, prompt_ids=ids, history=history, tokenizer=tokenizer)
+    if policy is not None:
+        decode = replace(decode, policy=policy)
+    return generate_step(prompt, pair, decode, **loop)
+
+
+def ar_tokens(target, prompt, n):
+    from dflash2_mlx.engine.request import DecodeRequest
+
+    return [s.tokens[0] for s in decode_steps(prompt, Pair.make(target), DecodeRequest(max_tokens=n))]
 
 
 class ScriptedDrafter(Drafter):
@@ -149,21 +171,27 @@ def node_ranks(tree, cand) -> list[int]:
     return [0] + [list(cand[tree.depth[j] - 1]).index(tree.tokens[j]) for j in range(1, tree.rows)]
 
 
-def run_beside_companions(pair, prompt, settings: list, companions: int = 2, companion_tokens: int = 400):
-    """Run one sequence per entry of `settings` (each a `SequenceSettings`, all on `prompt`)
+def run_beside_companions(pair, prompt, plans: list, companions: int = 2, companion_tokens: int = 400):
+    """Run one sequence per entry of `plans` (each a batched `DecodePlan` for `prompt`)
     in one `BatchDecoder`, joined after `companions` greedy sequences with other prompts and
     blocks are already decoding, so their cycles share passes with them (and with each other).
 
     Returns (each sequence's tokens, its steps, the fewest sequences any pass of one of their
     cycles held, read from the decoder's pass records)."""
-    from dflash2_mlx.engine.batch.decoder import BatchDecoder, SequenceSettings
+    from dflash2_mlx.engine.batch.decoder import BatchDecoder
+    from dflash2_mlx.engine.plan import plan
+    from dflash2_mlx.engine.request import DecodeRequest
 
-    decoder = BatchDecoder(pair, max_batch=len(settings) + companions)
-    others = [decoder.add([2, 3, 4, 1, 6, 5, 7][: 3 + j], SequenceSettings(max_tokens=companion_tokens, block_size=3 + j))
-              for j in range(companions)]
+    decoder = BatchDecoder(pair, max_batch=len(plans) + companions)
+    others = []
+    for j in range(companions):
+        ids = [2, 3, 4, 1, 6, 5, 7][: 3 + j]
+        companion = plan(pair, DecodeRequest(max_tokens=companion_tokens, block_size=3 + j), prompt_ids=ids,
+                         batched=True)
+        others.append(decoder.add(ids, companion))
     while any(not c.running for c in others):
         decoder.step()
-    seqs = [decoder.add(prompt, s) for s in settings]
+    seqs = [decoder.add(prompt, p) for p in plans]
     tokens, steps = {id(s): [] for s in seqs}, {id(s): [] for s in seqs}
     fewest = None
     while any(not s.finished for s in seqs):

@@ -8,11 +8,12 @@ import pytest
 
 from dflash2_mlx.engine.adaptive.policy import AcceptanceEstimate, BlockPolicy, CostTable, Decision
 from dflash2_mlx.engine.adaptive.calibrate import _non_decreasing, calibration_key, load_or_calibrate, long_contexts
-from dflash2_mlx.engine.decode.loop import DecodeCache, prefill, speculative_generate_step
+from dflash2_mlx.engine.decode.loop import DecodeCache, prefill
 from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.request import DecodeRequest
 from dflash2_mlx.engine.sampling import SamplingParams
 
-from helpers import ar_tokens, load_pair_for
+from helpers import ar_tokens, decode_steps, load_pair_for
 
 PROMPT = [5, 17, 42, 9, 100, 3, 77, 12]
 
@@ -46,7 +47,8 @@ def test_greedy_output_equals_plain_decoding(pair, sizes):
     n = 40
     policy = Schedule(sizes)
     cache = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
-    steps = list(speculative_generate_step(PROMPT, pair, max_tokens=n, policy=policy, prompt_cache=cache))
+    steps = list(decode_steps(PROMPT, pair, DecodeRequest(max_tokens=n, block_size=None), policy=policy,
+                              prompt_cache=cache))
     tokens = [t for s in steps for t in s.tokens]
     assert tokens == ar_tokens(pair.target, PROMPT, n)
     # Plain steps draft nothing; every cycle's outcome reached the policy.
@@ -68,9 +70,10 @@ def test_plain_rows_reach_the_drafter_cache_before_the_next_draft(pair):
     # last plain rows unread (DecodeCache.unread); whoever drafts next runs them in.
     n = 30
     cache_a = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
-    list(speculative_generate_step(PROMPT, pair, max_tokens=n, policy=Schedule([1]), prompt_cache=cache_a))
+    list(decode_steps(PROMPT, pair, DecodeRequest(max_tokens=n, block_size=None), policy=Schedule([1]),
+                      prompt_cache=cache_a))
     cache_b = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
-    list(speculative_generate_step(PROMPT, pair, max_tokens=n, block_size=4, prompt_cache=cache_b))
+    list(decode_steps(PROMPT, pair, DecodeRequest(max_tokens=n, block_size=4), prompt_cache=cache_b))
     assert cache_a.unread is not None and cache_a.drafter[0].offset < cache_a.offset  # the premise: it lags
     for cache in (cache_a, cache_b):
         cache.catch_up(pair.drafter)
@@ -84,9 +87,11 @@ def test_a_next_turn_reads_its_prompt_after_the_rows_left_unread(pair):
     # A plain run leaves its rows unread; the next turn's prompt rows follow them,
     # so once read the drafter holds what reading the whole conversation at once gives it.
     cache = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
-    list(speculative_generate_step(PROMPT, pair, max_tokens=20, policy=Schedule([1]), prompt_cache=cache))
+    list(decode_steps(PROMPT, pair, DecodeRequest(max_tokens=20, block_size=None), policy=Schedule([1]),
+                      prompt_cache=cache))
     assert cache.unread is not None  # the premise
-    list(speculative_generate_step([cache.tokens[-1], 5, 9, 2], pair, max_tokens=1, prompt_cache=cache))
+    list(decode_steps([cache.tokens[-1], 5, 9, 2], pair, DecodeRequest(max_tokens=1, block_size=None),
+                      prompt_cache=cache))
     read = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
     prefill(mx.array(cache.tokens[:-1], dtype=mx.int32), pair, read)
     for c in (cache, read):
@@ -99,16 +104,16 @@ def test_a_next_turn_reads_its_prompt_after_the_rows_left_unread(pair):
 @pytest.mark.parametrize("stop_after", [1, 3, 7])
 def test_closing_inside_a_plain_run_undoes_the_look_ahead(pair, stop_after):
     cache = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
-    gen = speculative_generate_step(PROMPT, pair, max_tokens=50, policy=Schedule([4, 1, 1, 1, 1, 1, 1, 1]),
-                                    prompt_cache=cache)
+    gen = decode_steps(PROMPT, pair, DecodeRequest(max_tokens=50, block_size=None),
+                       policy=Schedule([4, 1, 1, 1, 1, 1, 1, 1]), prompt_cache=cache)
     for i, _ in enumerate(gen):
         if i == stop_after:
             break
     gen.close()
     assert cache.target[0].offset == len(cache.tokens) - 1 == cache.drafter_rows
     # The cache continues exactly: the rest equals plain decoding.
-    more = [t for s in speculative_generate_step([cache.tokens[-1]], pair, max_tokens=10, block_size=3,
-                                                  prompt_cache=cache) for t in s.tokens]
+    more = [t for s in decode_steps([cache.tokens[-1]], pair, DecodeRequest(max_tokens=10, block_size=3),
+                                     prompt_cache=cache) for t in s.tokens]
     assert cache.tokens[len(PROMPT):] == ar_tokens(pair.target, PROMPT, len(cache.tokens) - len(PROMPT))
     assert len(more) == 10
 
@@ -117,8 +122,8 @@ def test_sampling_runs_and_repeats_with_a_seed(pair):
     sampling = SamplingParams(temperature=1.0, seed=3)
 
     def run():
-        return [t for s in speculative_generate_step(PROMPT, pair, max_tokens=30, sampling=sampling,
-                                                     policy=Schedule([1, 1, 4, 2])) for t in s.tokens]
+        request = DecodeRequest(max_tokens=30, sampling=sampling, block_size=None)
+        return [t for s in decode_steps(PROMPT, pair, request, policy=Schedule([1, 1, 4, 2])) for t in s.tokens]
 
     a, b = run(), run()
     assert a == b and len(a) == 30
@@ -127,7 +132,7 @@ def test_sampling_runs_and_repeats_with_a_seed(pair):
 def test_compute_bound_costs_decode_plainly(pair):
     costs = CostTable(1.0, {2: 1.6, 16: 9.4}, {2: 0.9, 16: 1.9})
     policy = BlockPolicy(costs, pair.max_block_size, AcceptanceEstimate(pair.max_block_size - 1, [0.3]))
-    steps = list(speculative_generate_step(PROMPT, pair, max_tokens=40, policy=policy))
+    steps = list(decode_steps(PROMPT, pair, DecodeRequest(max_tokens=40, block_size=None), policy=policy))
     assert [t for s in steps for t in s.tokens] == ar_tokens(pair.target, PROMPT, 40)
     assert policy.report.fallbacks and policy.report.fallbacks[0][0] == 0
     assert sum(s.drafted > 0 for s in steps) == policy.report.probes
@@ -177,7 +182,7 @@ def test_seeded_auto_repeats_whatever_the_clock_says(monkeypatch):
     import random
     import types
 
-    import dflash2_mlx.text.generate as generate
+    import dflash2_mlx.engine.plan as planning
     from dflash2_mlx import load_pair, stream_generate
     from dflash2_mlx.engine.adaptive.calibrate import Calibration
 
@@ -191,9 +196,9 @@ def test_seeded_auto_repeats_whatever_the_clock_says(monkeypatch):
             now[0] += rng.uniform(0.1, 3.0)  # a machine whose speed changes all the time
             return now[0]
 
-        monkeypatch.setattr(generate, "time", types.SimpleNamespace(perf_counter=perf_counter))
-        out = list(stream_generate(pair, tokenizer, "def fib(n):", max_tokens=80, block_size="auto",
-                                   calibration=calibration, sampling=SamplingParams(temperature=0.9, seed=7)))
+        monkeypatch.setattr(planning, "time", types.SimpleNamespace(perf_counter=perf_counter))  # the policy's clock
+        request = DecodeRequest(max_tokens=80, block_size="auto", sampling=SamplingParams(temperature=0.9, seed=7))
+        out = list(stream_generate(pair, tokenizer, "def fib(n):", request, calibration=calibration))
         runs.append(([r.token for r in out], out[-1].stats.block_sizes))
     assert runs[0][0] == runs[1][0] == runs[2][0]
     assert 1 in runs[0][1] and any(B > 1 for B in runs[0][1])
@@ -246,7 +251,8 @@ def test_a_wrong_calibration_is_corrected_within_a_few_cycles(builtin, wrong, tr
     policy = BlockPolicy(calibrated, 16, AcceptanceEstimate(15, seed=[0.6, 0.5, 0.4]))
     timed = TrueCosts(policy, 1.0, true_cycle)
     n = 160
-    tokens = [t for s in speculative_generate_step(ids, pair, max_tokens=n, policy=timed) for t in s.tokens]
+    request = DecodeRequest(max_tokens=n, block_size=None)
+    tokens = [t for s in decode_steps(ids, pair, request, policy=timed) for t in s.tokens]
     assert tokens == ar_tokens(pair.target, ids, n)  # token-identical throughout
     first_choice, late = timed.blocks[0], timed.blocks[-20:]
     if truth == "plain":

@@ -7,16 +7,20 @@ runs chunk by chunk between the others' cycles, and a sequence that leaves
 keeps caches a later turn continues from.
 """
 
+from dataclasses import replace
+
 import mlx.core as mx
 import numpy as np
 import pytest
 
-from dflash2_mlx.engine.batch.decoder import BatchDecoder, SequenceSettings, batch_blocker
-from dflash2_mlx.engine.decode.loop import DecodeCache, generate_step, prefill
+from dflash2_mlx.engine.batch.decoder import BatchDecoder, batch_blocker
+from dflash2_mlx.engine.decode.loop import DecodeCache, prefill
 from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.plan import plan
+from dflash2_mlx.engine.request import DecodeRequest
 from dflash2_mlx.engine.sampling import SamplingParams
 from dflash2_mlx.errors import DFlashError
-from helpers import load_pair_for
+from helpers import decode_steps, load_pair_for
 
 STEP = 16  # prefill chunk: prompts of several chunks interleave with the others' cycles
 
@@ -38,9 +42,21 @@ def _requests(V, seed=0):
 
 
 def _alone(pair, r, sampling=SamplingParams(), **kw):
-    steps = generate_step(r["prompt"], pair, max_tokens=r["max_tokens"], block_size=r["block"],
-                          prefill_step_size=STEP, sampling=sampling, tree_rows=r.get("tree", 0), **kw)
+    request = DecodeRequest(max_tokens=r["max_tokens"], block_size=r["block"], prefill_step_size=STEP,
+                            sampling=sampling, tree_rows=r.get("tree", 0))
+    steps = decode_steps(r["prompt"], pair, request, **kw)
     return [t for s in steps for t in s.tokens]
+
+
+def _plan(pair, prompt, *, policy=None, batch_decides=None, **request):
+    """The batched plan of a request of `request` (block_size None: the drafter's fixed
+    block) for `prompt`; `policy` and `batch_decides` in place of the plan's when given."""
+    decode = plan(pair, DecodeRequest(**{"block_size": None, **request}), prompt_ids=prompt, batched=True)
+    if policy is not None:
+        decode = replace(decode, policy=policy)
+    if batch_decides is not None:
+        decode = replace(decode, batch_decides=batch_decides)
+    return decode
 
 
 def _run_batch(pair, requests, join_every=2, samplings=None, leave=None, max_batch=8):
@@ -53,9 +69,9 @@ def _run_batch(pair, requests, join_every=2, samplings=None, leave=None, max_bat
         if waiting and step % join_every == 0 and not decoder.full:
             i, r = waiting.pop(0)
             sampling = samplings[i] if samplings else SamplingParams()
-            seqs[i] = decoder.add(r["prompt"], SequenceSettings(max_tokens=r["max_tokens"], block_size=r["block"],
-                                                                sampling=sampling, prefill_step_size=STEP,
-                                                                tree_rows=r.get("tree", 0)))
+            seqs[i] = decoder.add(r["prompt"], _plan(pair, r["prompt"], max_tokens=r["max_tokens"],
+                                                     block_size=r["block"], sampling=sampling,
+                                                     prefill_step_size=STEP, tree_rows=r.get("tree", 0)))
             got[i] = []
         for seq, s in decoder.step():
             i = next(k for k, v in seqs.items() if v is seq)
@@ -116,7 +132,7 @@ def test_plain_passes_keep_the_batch_in_one_buffer_that_the_caches_hold_as_their
     pair = _pair(family).without_drafter()
     requests = [dict(r, block=None, tree=0, max_tokens=30) for r in _requests(pair.target.vocab_size, seed=5)[:4]]
     decoder = BatchDecoder(pair, max_batch=4)
-    seqs = [decoder.add(r["prompt"], SequenceSettings(max_tokens=r["max_tokens"], prefill_step_size=STEP))
+    seqs = [decoder.add(r["prompt"], _plan(pair, r["prompt"], max_tokens=r["max_tokens"], prefill_step_size=STEP))
             for r in requests]
     got = {id(s): [] for s in seqs}
 
@@ -188,7 +204,8 @@ def test_sequences_leave_mid_run_and_their_caches_continue_a_next_turn():
         assert mx.allclose(a.state[0][..., : a.offset, :], b.state[0][..., : b.offset, :], atol=1e-4).item()
     turn = [cache.tokens[-1], 5, 9, 2]
     history = cache.tokens[:-1] + turn
-    cont = [t for s in generate_step(turn, pair, max_tokens=10, prompt_cache=cache) for t in s.tokens]
+    cont = [t for s in decode_steps(turn, pair, DecodeRequest(max_tokens=10, block_size=None), prompt_cache=cache)
+            for t in s.tokens]
     assert cont == _alone(pair, dict(prompt=history, block=None, max_tokens=10))
 
 
@@ -196,10 +213,10 @@ def test_a_long_prompt_prefills_between_the_others_cycles():
     pair = _pair("qwen3")
     V = pair.target.vocab_size
     decoder = BatchDecoder(pair, max_batch=4)
-    short = decoder.add(list(range(1, 9)), SequenceSettings(max_tokens=60, prefill_step_size=STEP))
+    short = decoder.add(list(range(1, 9)), _plan(pair, list(range(1, 9)), max_tokens=60, prefill_step_size=STEP))
     decoder.step()  # its prefill
-    long = decoder.add(np.random.default_rng(5).integers(0, V, 200).tolist(),
-                       SequenceSettings(max_tokens=4, prefill_step_size=STEP))
+    prompt = np.random.default_rng(5).integers(0, V, 200).tolist()
+    long = decoder.add(prompt, _plan(pair, prompt, max_tokens=4, prefill_step_size=STEP))
     while long.anchor is None:
         steps = dict((id(s), st) for s, st in decoder.step())
         assert id(short) in steps, "the running sequence waited for a whole prompt's prefill"
@@ -224,17 +241,16 @@ def test_rules_of_each_row_hold_in_a_batch():
     decoder, got, seqs = BatchDecoder(pair), {}, []
     for r in requests:
         procs = make_logits_processors(repetition_penalty=1.3)
-        seqs.append(decoder.add(r["prompt"], SequenceSettings(max_tokens=r["max_tokens"], block_size=r["block"],
-                                                              logits_processors=procs, top_logprobs=2,
-                                                              prefill_step_size=STEP)))
+        seqs.append(decoder.add(r["prompt"], _plan(pair, r["prompt"], max_tokens=r["max_tokens"], block_size=r["block"],
+                                                   logits_processors=procs, top_logprobs=2, prefill_step_size=STEP)))
     while any(not s.finished for s in seqs):
         for s, st in decoder.step():
             got.setdefault(id(s), []).extend(zip(st.tokens, [lp.logprob for lp in st.logprobs]))
     for r, s in zip(requests, seqs):
-        alone = [(t, lp.logprob) for st in generate_step(
-            r["prompt"], pair, max_tokens=r["max_tokens"], block_size=r["block"], prefill_step_size=STEP,
-            logits_processors=make_logits_processors(repetition_penalty=1.3), top_logprobs=2)
-            for t, lp in zip(st.tokens, st.logprobs)]
+        request = DecodeRequest(max_tokens=r["max_tokens"], block_size=r["block"], prefill_step_size=STEP,
+                                logits_processors=make_logits_processors(repetition_penalty=1.3), top_logprobs=2)
+        alone = [(t, lp.logprob) for st in decode_steps(r["prompt"], pair, request)
+                 for t, lp in zip(st.tokens, st.logprobs)]
         assert [t for t, _ in got[id(s)]] == [t for t, _ in alone]
         assert np.allclose([p for _, p in got[id(s)]], [p for _, p in alone], atol=1e-5)
 
@@ -253,7 +269,7 @@ def test_batched_sampling_matches_the_target_distribution():
     settings, n, counts = SamplingParams(temperature=1.0), 600, {}
     for first in range(0, n, 8):
         tokens, steps, fewest = run_beside_companions(pair, PROMPT, [
-            SequenceSettings(max_tokens=3, block_size=3, sampling=SamplingParams(settings.temperature, seed=seed))
+            _plan(pair, PROMPT, max_tokens=3, block_size=3, sampling=SamplingParams(settings.temperature, seed=seed))
             for seed in range(first, min(first + 8, n))])
         assert fewest >= 3, f"a sampled cycle ran in a pass of {fewest} sequences: not beside the companions"
         assert all(any(st.drafted for st in sts) for sts in steps)
@@ -276,8 +292,8 @@ def _policy_run(pair, costs, n, calibration_acceptance=(0.9, 0.8, 0.7)):
     B = pair.max_block_size
     for r in requests:
         own = BlockPolicy(_SOLO, B, AcceptanceEstimate(B - 1, list(calibration_acceptance)))
-        seqs.append(decoder.add(r["prompt"], SequenceSettings(max_tokens=r["max_tokens"], policy=own,
-                                                              batch_decides=True, prefill_step_size=STEP)))
+        seqs.append(decoder.add(r["prompt"], _plan(pair, r["prompt"], max_tokens=r["max_tokens"], policy=own,
+                                                   batch_decides=True, prefill_step_size=STEP)))
     got = {id(s): [] for s in seqs}
     while any(not s.finished for s in seqs):
         before = decoder.passes
@@ -359,8 +375,8 @@ def test_the_batch_policy_is_told_one_pass_time_per_pass_when_passes_run_ahead(m
     monkeypatch.setattr(policy, "observe_pass", lambda rows, drafted, seconds=None: told.append(seconds))
     pair = _pair("qwen3")
     decoder, B = BatchDecoder(pair, max_batch=8, policy=policy), pair.max_block_size
-    seqs = [decoder.add(r["prompt"], SequenceSettings(
-        max_tokens=r["max_tokens"], batch_decides=True, prefill_step_size=STEP,
+    seqs = [decoder.add(r["prompt"], _plan(
+        pair, r["prompt"], max_tokens=r["max_tokens"], batch_decides=True, prefill_step_size=STEP,
         policy=BlockPolicy(_SOLO, B, AcceptanceEstimate(B - 1, [0.1])))) for r in _requests(pair.target.vocab_size)[:4]]
     launched = []
     real_launch = ahead_module.LookAhead.launch

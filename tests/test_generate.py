@@ -13,14 +13,14 @@ import mlx.core as mx
 import pytest
 
 from dflash2_mlx.engine.pair import Pair
-from dflash2_mlx.engine.decode.loop import speculative_generate_step
+from dflash2_mlx.engine.request import DecodeRequest
 from dflash2_mlx.errors import DFlashError
 from dflash2_mlx.text.generate import stream_generate
 from dflash2_mlx.loading.checkpoints import load_target
 from dflash2_mlx.engine.sampling import SamplingParams
 from dflash2_mlx.tools.synthetic import EOS, write_tokenizer
 from dflash2_mlx.engine.target.adapter import Target
-from helpers import ScriptedDrafter, ar_tokens, load_pair_for, target_folder
+from helpers import ScriptedDrafter, ar_tokens, decode_steps, load_pair_for, target_folder
 
 EOS_ID = 0
 PROMPT_TEXT = "def f(x):\n"
@@ -64,8 +64,10 @@ def never(cycle):  # a ScriptedDrafter schedule that corrupts nothing
     return 1 << 30
 
 
-def run(target, tokenizer, prompt, drafter=None, **kw):
-    return list(stream_generate(Pair.make(target, drafter), tokenizer, prompt, **kw))
+def run(target, tokenizer, prompt, drafter=None, block_size=None, **kw):
+    """stream_generate of a DecodeRequest of `kw` (block_size None: the drafter's fixed block)."""
+    request = DecodeRequest(block_size=block_size, **kw)
+    return list(stream_generate(Pair.make(target, drafter), tokenizer, prompt, request))
 
 
 def joined(responses):
@@ -248,7 +250,7 @@ def test_acceptance_stats_match_decode_steps(pair, B, n, schedule):
     prompt = [5, 80, 81, 200]
     reference = ar_tokens(target, prompt, n + 16)
     make = lambda: ScriptedDrafter(base, reference, len(prompt), schedule, target.vocab_size)
-    steps = list(speculative_generate_step(prompt, Pair.make(target, make()), max_tokens=n, block_size=B))
+    steps = list(decode_steps(prompt, Pair.make(target, make()), DecodeRequest(max_tokens=n, block_size=B)))
     rs = run(target, tok, prompt, drafter=make(), max_tokens=n, block_size=B)
     assert token_ids(rs) == [t for s in steps for t in s.tokens] == reference[:n]
     assert [r.from_draft for r in rs] == [f for s in steps for f in s.from_draft]
@@ -288,7 +290,7 @@ def test_max_tokens_gives_exactly_that_many(pair, mode, n):
         assert s.target_passes == n - 1
     else:
         # Counted independently: the decode loop yields one step per target pass after the prefill token...
-        steps = list(speculative_generate_step(prompt, Pair.make(target, make()), max_tokens=n))
+        steps = list(decode_steps(prompt, Pair.make(target, make()), DecodeRequest(max_tokens=n, block_size=None)))
         assert [t for step in steps for t in step.tokens] == token_ids(rs)
         assert s.target_passes == len(steps) - 1
         # ...and each pass commits its accepted drafts then the target's own token, unless max_tokens
@@ -445,8 +447,8 @@ def test_default_block_size_and_mode(pair, dflash_pair):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(block_size=1), "block size"),
-    (dict(block_size=17), "block size"),
+    (dict(block_size=1), "block_size 1 is outside"),
+    (dict(block_size=17), "block_size 17 is outside"),
     (dict(max_tokens=0), "max_tokens"),
 ])
 def test_bad_arguments_raise_dflash_errors(pair, kwargs, match):

@@ -1,11 +1,11 @@
 """The AR reference of the parity tests is mlx-lm's own greedy decoding.
 
 test_parity.py, test_hybrid_targets.py and test_gemma_target.py assert that
-greedy speculative decoding equals `autoregressive_generate_step`, token for
+greedy speculative decoding equals plain decoding (`generate_step` without a drafter), token for
 token. That only proves losslessness if the AR loop itself decodes as mlx-lm
 does, so here, once per supported target family (every model_type in
 `families.FAMILIES`), a tiny random model is decoded both by
-`autoregressive_generate_step` through `Target` and by
+plain `generate_step` through `Target` and by
 `mlx_lm.generate.generate_step` with mlx-lm's greedy sampler and its own
 caches, and the two must agree token by token for N tokens. The models are
 built as the other tests build them (`tools.synthetic.write_target`, loaded
@@ -28,11 +28,12 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 
-from dflash2_mlx.engine.decode.loop import autoregressive_generate_step, speculative_generate_step
 from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.request import DecodeRequest
 from dflash2_mlx.engine.target.adapter import Target
 from dflash2_mlx.engine.target.families import FAMILIES
 from dflash2_mlx.tools.synthetic import drafter_config_dict, random_drafter, write_target
+from helpers import decode_steps
 
 N = 40
 WINDOW = 8
@@ -102,7 +103,7 @@ def test_ar_reference_is_mlx_lm_greedy(models, case, tie):
         assert len(reference) == N
         if not tie:  # a model repeating one token would make the check vacuous
             assert len(set(reference)) >= 5, f"{case} {name}: mlx-lm's continuation is degenerate: {reference}"
-        ours = [t for s in autoregressive_generate_step(prompt, Pair.make(target), max_tokens=N) for t in s.tokens]
+        ours = [t for s in decode_steps(prompt, Pair.make(target), DecodeRequest(max_tokens=N)) for t in s.tokens]
         assert ours == reference, (f"{case} {'tied' if tie else 'untied'} {name}: AR loop diverged from "
                                    f"mlx-lm at {_first_diff(ours, reference)}")
 
@@ -113,6 +114,6 @@ def test_greedy_speculative_is_mlx_lm_greedy(models, case):
     drafter = random_drafter(drafter_config_dict(config, "dflash2", block_size=16), seed=1)
     prompt = PROMPTS["medium"]
     reference = mlx_lm_greedy(model, prompt)
-    steps = list(speculative_generate_step(prompt, Pair.make(Target(model), drafter), max_tokens=N, block_size=5))
+    steps = list(decode_steps(prompt, Pair.make(Target(model), drafter), DecodeRequest(max_tokens=N, block_size=5)))
     ours = [t for s in steps for t in s.tokens]
     assert ours == reference, f"{case}: speculative loop diverged from mlx-lm at {_first_diff(ours, reference)}"

@@ -10,8 +10,8 @@ import pytest
 
 from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.loading.checkpoints import load_target
-from dflash2_mlx.engine.decode.loop import speculative_generate_step
-from helpers import FAMILIES, ScriptedDrafter, ar_tokens, load_pair_for, target_folder
+from dflash2_mlx.engine.request import DecodeRequest, RequestError
+from helpers import FAMILIES, ScriptedDrafter, ar_tokens, decode_steps, load_pair_for, target_folder
 
 PROMPTS = {"short": [5], "medium": [17, 42, 99, 7, 250, 3, 61], "long": list(range(20, 120, 3))}
 N = 40
@@ -27,7 +27,7 @@ def greedy(family: str, name: str) -> list[int]:
 
 
 def spec(target, drafter, prompt, B, n=N, **kw):
-    steps = list(speculative_generate_step(prompt, Pair.make(target, drafter), max_tokens=n, block_size=B, **kw))
+    steps = list(decode_steps(prompt, Pair.make(target, drafter), DecodeRequest(max_tokens=n, block_size=B, **kw)))
     return [t for s in steps for t in s.tokens], steps
 
 
@@ -97,8 +97,9 @@ def test_max_tokens_is_exact_and_eos_free():
 def test_runtime_block_size_is_bounded():
     target, _, drafter = load_pair_for("qwen3", "dflash2")
     for B in (1, 17):
-        with pytest.raises(ValueError, match="block size"):
+        with pytest.raises(RequestError, match=f"block_size {B} is outside") as e:
             spec(target, drafter, [1, 2], B)
+        assert e.value.field == "block_size"
 
 
 def _first_diff(a, b):

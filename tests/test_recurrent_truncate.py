@@ -9,10 +9,11 @@ the stop lands inside one.
 
 import pytest
 
-from dflash2_mlx.engine.decode.loop import DecodeCache, speculative_generate_step
+from dflash2_mlx.engine.decode.loop import DecodeCache
 from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.request import DecodeRequest
 from dflash2_mlx.text.generate import stream_generate
-from helpers import ScriptedDrafter, ar_tokens, load_pair_for
+from helpers import ScriptedDrafter, ar_tokens, decode_steps, load_pair_for
 
 PROMPT = [17, 42, 99, 7, 250, 3, 61, 8]
 B = 8
@@ -29,8 +30,8 @@ def qwen3_5():
 def test_truncate_inside_the_last_block_replays_instead_of_going_stale(qwen3_5):
     target, _, drafter, scripted, reference = qwen3_5
     cache = DecodeCache(target.make_cache(), scripted.make_cache())
-    steps = speculative_generate_step(PROMPT, Pair.make(target, scripted), max_tokens=40, block_size=B,
-                                      prompt_cache=cache)
+    steps = decode_steps(PROMPT, Pair.make(target, scripted), DecodeRequest(max_tokens=40, block_size=B),
+                         prompt_cache=cache)
     first, block = next(steps), next(steps)
     steps.close()
     assert first.tokens == (reference[0],) and len(block.tokens) == B  # the premise: a whole block
@@ -42,8 +43,8 @@ def test_truncate_inside_the_last_block_replays_instead_of_going_stale(qwen3_5):
     # The next turn continues from the cache exactly as a fresh run over everything.
     turn2 = [40, 41, 42]
     fresh = ar_tokens(target, PROMPT + reference[:4] + turn2, 12)
-    more = speculative_generate_step([reference[3]] + turn2, Pair.make(target, drafter), max_tokens=12,
-                                     block_size=B, prompt_cache=cache)
+    more = decode_steps([reference[3]] + turn2, Pair.make(target, drafter), DecodeRequest(max_tokens=12, block_size=B),
+                        prompt_cache=cache)
     assert [t for s in more for t in s.tokens] == fresh
 
 
@@ -51,8 +52,8 @@ def test_cut_before_the_last_block_still_marks_the_cache_stale(qwen3_5):
     # Only the last verified block is kept: a cut further back cannot be replayed.
     target, _, _, scripted, reference = qwen3_5
     cache = DecodeCache(target.make_cache(), scripted.make_cache())
-    steps = speculative_generate_step(PROMPT, Pair.make(target, scripted), max_tokens=40, block_size=B,
-                                      prompt_cache=cache)
+    steps = decode_steps(PROMPT, Pair.make(target, scripted), DecodeRequest(max_tokens=40, block_size=B),
+                         prompt_cache=cache)
     next(steps), next(steps), next(steps)
     steps.close()
     cache.truncate(len(PROMPT) + 3)  # inside the first block, not the second
@@ -63,12 +64,12 @@ def test_stop_string_inside_a_block_then_next_turn_prefills_only_new_tokens(qwen
     target, tokenizer, drafter, scripted, reference = qwen3_5
     cache = DecodeCache(target.make_cache(), scripted.make_cache())
     stop = tokenizer.decode(reference[4:6])
-    out = [r.token for r in stream_generate(Pair.make(target, scripted), tokenizer, PROMPT, max_tokens=40,
-                                            block_size=B, prompt_cache=cache, stop=[stop])]
+    request = DecodeRequest(max_tokens=40, block_size=B, stop=[stop])
+    out = [r.token for r in stream_generate(Pair.make(target, scripted), tokenizer, PROMPT, request, prompt_cache=cache)]
     assert out == reference[: len(out)] and 1 < len(out) < 1 + B  # stopped inside the first verified block
     assert not cache.stale and cache.offset == cache.drafter_rows == len(cache.tokens) - 1
     turn2 = [out[-1], 40, 41, 42]
-    rs = list(stream_generate(Pair.make(target, drafter), tokenizer, turn2, max_tokens=12, block_size=B,
-                              prompt_cache=cache))
+    request = DecodeRequest(max_tokens=12, block_size=B)
+    rs = list(stream_generate(Pair.make(target, drafter), tokenizer, turn2, request, prompt_cache=cache))
     assert rs[-1].prompt_tokens == len(turn2)  # only the new tokens were prefilled
     assert [r.token for r in rs] == ar_tokens(target, PROMPT + out + turn2[1:], 12)

@@ -25,12 +25,12 @@ from scipy.stats import chisquare
 
 import dflash2_mlx.engine.decode.chain as chain
 from dflash2_mlx.engine.pair import Pair
-from dflash2_mlx.engine.decode.loop import autoregressive_generate_step, speculative_generate_step
+from dflash2_mlx.engine.request import DecodeRequest
 from dflash2_mlx.engine.sampling import SamplingParams, make_logprobs_transform
 from dflash2_mlx.loading.model_classes import model_classes
 from dflash2_mlx.tools.synthetic import drafter_config_dict, random_drafter, target_config
 from dflash2_mlx.engine.target.adapter import Target
-from helpers import mlx_lm_distribution, mlx_lm_sampler
+from helpers import decode_steps, mlx_lm_distribution, mlx_lm_sampler
 
 ALPHA = 1e-3
 V, PROMPT, N_SAMPLES = 8, [1, 5, 2], 1000
@@ -119,7 +119,7 @@ def pair():
 def _spec(target, drafter, settings, B=3):
     def gen(seed):
         s = SamplingParams(settings.temperature, settings.top_p, settings.top_k, settings.min_p, seed)
-        return speculative_generate_step(PROMPT, Pair.make(target, drafter), max_tokens=3, block_size=B, sampling=s)
+        return decode_steps(PROMPT, Pair.make(target, drafter), DecodeRequest(max_tokens=3, block_size=B, sampling=s))
     return gen
 
 
@@ -172,11 +172,11 @@ def test_greedy_decoding_draws_nothing_from_the_generator(kind):
     graph a node per token), so a caller's seeded stream is left where it was."""
     target, cfg = tiny_target()
     pair = Pair.make(target, None if kind == "ar" else tiny_drafter(cfg, kind))
-    step = autoregressive_generate_step if kind == "ar" else speculative_generate_step
     mx.random.seed(123)
     expected = mx.random.uniform(shape=(4,))
     mx.random.seed(123)
-    tokens = [t for s in step(PROMPT, pair, max_tokens=12, sampling=SamplingParams()) for t in s.tokens]
+    request = DecodeRequest(max_tokens=12, sampling=SamplingParams(), block_size=None)
+    tokens = [t for s in decode_steps(PROMPT, pair, request) for t in s.tokens]
     assert len(tokens) == 12
     assert mx.array_equal(mx.random.uniform(shape=(4,)), expected)
 

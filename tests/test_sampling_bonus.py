@@ -6,9 +6,10 @@ run on different workers (`--dist loadfile` gives a whole file to one worker).
 
 import pytest
 
-from dflash2_mlx.engine.decode.loop import autoregressive_generate_step
 from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.request import DecodeRequest
 from dflash2_mlx.engine.sampling import SamplingParams
+from helpers import decode_steps
 from test_sampling import (ALPHA, BONUS_SETTINGS, PROMPT, SETTINGS, _spec, exact_distribution, gof_pvalue, sample_counts,
                            tiny_drafter, tiny_target)
 
@@ -30,7 +31,7 @@ def test_dflash_v1_sampling_and_ar_match_target_distribution(pair):
 
     def ar(seed):
         s = SamplingParams(temperature=1.0, seed=seed)
-        return autoregressive_generate_step(PROMPT, Pair.make(target), max_tokens=3, sampling=s)
+        return decode_steps(PROMPT, Pair.make(target), DecodeRequest(max_tokens=3, sampling=s))
     p = gof_pvalue(sample_counts(ar), table)
     print(f"autoregressive: chi-square p = {p:.3g}")
     assert p > ALPHA, f"autoregressive: chi-square p = {p:.2e}"
