@@ -18,11 +18,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from dflash2_mlx.engine.batch.decoder import BatchDecoder, SequenceSettings
-from dflash2_mlx.engine.decode.loop import generate_step
+from dflash2_mlx.engine.batch.decoder import BatchDecoder
 from dflash2_mlx.engine.kv_buckets import STEP, BucketedKVCache, bucket
 from dflash2_mlx.engine.pair import Pair
-from helpers import load_pair_for
+from dflash2_mlx.engine.plan import plan
+from dflash2_mlx.engine.request import DecodeRequest
+from helpers import decode_steps, load_pair_for
 
 TOKENS = 300
 PROMPT = 12
@@ -75,7 +76,7 @@ def prompt(pair, seed=0):
 
 @pytest.mark.parametrize("block, tree", [(4, 0), (16, 0), (None, 8)], ids=["block4", "block16", "tree8"])
 def test_a_long_decode_presents_a_bounded_set_of_attention_shapes(pair, shapes, block, tree):
-    steps = list(generate_step(prompt(pair), pair, max_tokens=TOKENS, block_size=block, tree_rows=tree))
+    steps = list(decode_steps(prompt(pair), pair, DecodeRequest(max_tokens=TOKENS, block_size=block, tree_rows=tree)))
     assert sum(len(s.tokens) for s in steps) == TOKENS
     assert len(steps) > TOKENS // 3  # mostly rejected: hundreds of cycles, each a new context length
     assert_bounded(shapes, PROMPT + TOKENS + 16)
@@ -84,7 +85,9 @@ def test_a_long_decode_presents_a_bounded_set_of_attention_shapes(pair, shapes, 
 def test_a_batch_of_four_presents_a_bounded_set_of_attention_shapes(pair, shapes):
     decoder = BatchDecoder(pair, max_batch=4)
     for i, (block, tree) in enumerate([(4, 0), (16, 0), (8, 0), (None, 6)]):
-        decoder.add(prompt(pair, seed=i), SequenceSettings(max_tokens=TOKENS, block_size=block, tree_rows=tree))
+        ids = prompt(pair, seed=i)
+        request = DecodeRequest(max_tokens=TOKENS, block_size=block, tree_rows=tree)
+        decoder.add(ids, plan(pair, request, prompt_ids=ids, batched=True))
     made = 0
     while decoder.sequences:
         for seq, step in decoder.step():

@@ -20,13 +20,14 @@ import pytest
 from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.engine.target.caches import RecurrentCache, WindowKVCache
 from dflash2_mlx.engine.pair import compatibility_report, selector_transform
-from dflash2_mlx.engine.decode.loop import DecodeCache, autoregressive_generate_step, speculative_generate_step
+from dflash2_mlx.engine.decode.loop import DecodeCache
+from dflash2_mlx.engine.request import DecodeRequest
 from dflash2_mlx.errors import UnsupportedModelError
 from dflash2_mlx.loading.checkpoints import load_target
 from dflash2_mlx.tools.synthetic import drafter_config_dict, random_drafter, write_target
 from dflash2_mlx.engine.target.adapter import Target, check_supported
-from helpers import (ScriptedDrafter, ar_tokens, assert_blocks_bitwise_single_steps,
-                     assert_window_wrap_matches_uncached)
+from helpers import (ScriptedDrafter, ar_tokens, assert_blocks_bitwise_single_steps, assert_window_wrap_matches_uncached,
+                     decode_steps)
 
 WINDOW = 8
 # Extra config per test family. Muse Glimmer is untied like the real model (a
@@ -86,7 +87,7 @@ def greedy(family: str, prompt_name: str, n: int) -> list[int]:
 
 
 def spec(target, drafter, prompt, B, n, **kw):
-    steps = list(speculative_generate_step(prompt, Pair.make(target, drafter), max_tokens=n, block_size=B, **kw))
+    steps = list(decode_steps(prompt, Pair.make(target, drafter), DecodeRequest(max_tokens=n, block_size=B, **kw)))
     return [t for s in steps for t in s.tokens], steps
 
 
@@ -263,21 +264,21 @@ def test_generation_continues_from_a_closed_cache(family):
     prompt = PROMPTS["medium"]
     reference = ar_tokens(target, prompt, 60)
     cache = DecodeCache(target.make_cache())
-    steps = autoregressive_generate_step(prompt, Pair.make(target), max_tokens=100, prompt_cache=cache)
+    steps = decode_steps(prompt, Pair.make(target), DecodeRequest(max_tokens=100), prompt_cache=cache)
     out = [next(steps).tokens[0] for _ in range(25)]
     steps.close()  # with the next token already computed (the look-ahead)
     assert cache.offset == len(cache.tokens) - 1
-    more = autoregressive_generate_step([out[-1]], Pair.make(target), max_tokens=35, prompt_cache=cache)
+    more = decode_steps([out[-1]], Pair.make(target), DecodeRequest(max_tokens=35), prompt_cache=cache)
     assert out + [s.tokens[0] for s in more] == reference[:60]
 
     d = drafter(family)
     cache = DecodeCache(target.make_cache(), d.make_cache())
-    steps = speculative_generate_step(prompt, Pair.make(target, d), max_tokens=100, block_size=6, prompt_cache=cache)
+    steps = decode_steps(prompt, Pair.make(target, d), DecodeRequest(max_tokens=100, block_size=6), prompt_cache=cache)
     out = [t for _ in range(8) for t in next(steps).tokens]
     steps.close()
     assert cache.offset == len(cache.tokens) - 1
-    more = speculative_generate_step([out[-1]], Pair.make(target, d), max_tokens=60 - len(out), block_size=6,
-                                     prompt_cache=cache)
+    more = decode_steps([out[-1]], Pair.make(target, d), DecodeRequest(max_tokens=60 - len(out), block_size=6),
+                        prompt_cache=cache)
     assert out + [t for s in more for t in s.tokens] == reference[:60]
 
 
@@ -402,7 +403,8 @@ def test_sampling_matches_target_distribution(family):
 
     def gen(seed):
         s = SamplingParams(temperature=1.0, seed=seed)
-        return speculative_generate_step(SAMPLING_PROMPT, Pair.make(target, d), max_tokens=3, block_size=3, sampling=s)
+        request = DecodeRequest(max_tokens=3, block_size=3, sampling=s)
+        return decode_steps(SAMPLING_PROMPT, Pair.make(target, d), request)
 
     p = gof_pvalue(sample_counts(gen, n), table, n)
     print(f"{family}: chi-square p = {p:.3g}")

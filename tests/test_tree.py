@@ -7,11 +7,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from dflash2_mlx.engine.decode.loop import DecodeCache, speculative_generate_step
+from dflash2_mlx.engine.decode.loop import DecodeCache
 from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.request import DecodeRequest
 from dflash2_mlx.engine.tree.build import DraftTree, build_tree, lattice_logprobs
 from dflash2_mlx.engine.tree.verify import commit, tree_forward, tree_views
-from helpers import ar_tokens, load_pair_for, node_ranks
+from helpers import ar_tokens, decode_steps, load_pair_for, node_ranks
 
 
 def _lattice(T=3, K=3, seed=0):
@@ -133,9 +134,10 @@ def test_hybrid_target_falls_back_to_the_chain_with_one_line():
     d = hybrid_drafter("qwen3_5", "dflash2")
     prompt = [5, 9, 13]
     with pytest.warns(UserWarning, match="recurrent") as record:
-        tree = list(speculative_generate_step(prompt, Pair.make(target, d), max_tokens=12, tree_rows=8))
+        tree = list(decode_steps(prompt, Pair.make(target, d),
+                                 DecodeRequest(max_tokens=12, block_size=None, tree_rows=8)))
     assert len(record) == 1 and "\n" not in str(record[0].message)
-    chain = list(speculative_generate_step(prompt, Pair.make(target, d), max_tokens=12))
+    chain = list(decode_steps(prompt, Pair.make(target, d), DecodeRequest(max_tokens=12, block_size=None)))
     assert [s.tokens for s in tree] == [s.tokens for s in chain]
 
 
@@ -145,15 +147,14 @@ def test_tree_decoding_continues_a_prompt_cache_and_stops_at_max_tokens():
     prompt = [17, 42, 99, 7]
     reference = ar_tokens(target, prompt, 30)
     for n in (1, 2, 3, 17):
-        out = [t for s in speculative_generate_step(prompt, pair, max_tokens=n, tree_rows=8)
+        out = [t for s in decode_steps(prompt, pair, DecodeRequest(max_tokens=n, block_size=None, tree_rows=8))
                for t in s.tokens]
         assert out == reference[:n]
     cache = DecodeCache(target.make_cache(), drafter.make_cache())
-    first = [t for s in speculative_generate_step(prompt, pair, max_tokens=10, tree_rows=8,
-                                                   prompt_cache=cache) for t in s.tokens]
+    request = DecodeRequest(max_tokens=10, block_size=None, tree_rows=8)
+    first = [t for s in decode_steps(prompt, pair, request, prompt_cache=cache) for t in s.tokens]
     more = [first[-1], 5, 6]
-    second = [t for s in speculative_generate_step(more, pair, max_tokens=10, tree_rows=8,
-                                                    prompt_cache=cache) for t in s.tokens]
+    second = [t for s in decode_steps(more, pair, request, prompt_cache=cache) for t in s.tokens]
     assert second == ar_tokens(target, prompt + first + [5, 6], 10)
 
 

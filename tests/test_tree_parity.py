@@ -14,11 +14,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from dflash2_mlx.engine.decode.loop import speculative_generate_step
 from dflash2_mlx.engine.drafter.model import Drafter
 from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.request import DecodeRequest
 from dflash2_mlx.engine.tree.build import build_tree, lattice_logprobs
-from helpers import FAMILIES, ScriptedDrafter, ar_tokens, load_pair_for, node_ranks
+from helpers import FAMILIES, ScriptedDrafter, ar_tokens, decode_steps, load_pair_for, node_ranks
 
 ATTENTION_ONLY = FAMILIES + ["gemma3_text", "muse_glimmer"]
 PROFILE = 8.0 - 0.8 * np.arange(6)  # logits of the six ranked candidates; every other token 0
@@ -81,7 +81,8 @@ def _run(target, base, prompt, rows):
     # The first token, one cycle per node (each commits its depth + 1), then one more.
     n = 1 + sum(d + 1 for d in drafter.plan(B).depth) + 1
     drafter.reference = ar_tokens(target, prompt, n + B)
-    steps = list(speculative_generate_step(prompt, Pair.make(target, drafter), max_tokens=n, tree_rows=rows))
+    request = DecodeRequest(max_tokens=n, block_size=None, tree_rows=rows)
+    steps = list(decode_steps(prompt, Pair.make(target, drafter), request))
     return [t for s in steps for t in s.tokens], drafter.reference[:n], steps, drafter
 
 
@@ -121,6 +122,7 @@ def test_random_drafters_tree_parity(family):
     for kind, rows in (("dflash", 5), ("dflash2", 16)):
         target, _, drafter = load_pair_for(family, kind)
         reference = ar_tokens(target, prompt, 16)
-        steps = speculative_generate_step(prompt, Pair.make(target, drafter), max_tokens=16, tree_rows=rows)
+        request = DecodeRequest(max_tokens=16, block_size=None, tree_rows=rows)
+        steps = decode_steps(prompt, Pair.make(target, drafter), request)
         out = [t for s in steps for t in s.tokens]
         assert out == reference, f"{family} {kind} N={rows}: diverged at {_first_diff(out, reference)}"

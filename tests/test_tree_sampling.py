@@ -13,10 +13,10 @@ import pytest
 
 import dflash2_mlx.engine.tree.cycle as tree_decode
 import dflash2_mlx.engine.tree.verify as tree_verify
-from dflash2_mlx.engine.decode.loop import speculative_generate_step
 from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.request import DecodeRequest
 from dflash2_mlx.engine.sampling import SamplingParams
-from helpers import pick_pvalues
+from helpers import decode_steps, pick_pvalues
 from test_sampling import ALPHA, PROMPT, exact_distribution, gof_pvalue, sample_counts, tiny_drafter, tiny_target
 
 N_SAMPLES = 500
@@ -37,8 +37,8 @@ def pair():
 def _tree(target, drafter, settings, rows):
     def gen(seed):
         s = SamplingParams(settings.temperature, settings.top_p, settings.top_k, settings.min_p, seed)
-        return speculative_generate_step(PROMPT, Pair.make(target, drafter), max_tokens=3, sampling=s,
-                                         tree_rows=rows)
+        return decode_steps(PROMPT, Pair.make(target, drafter),
+                            DecodeRequest(max_tokens=3, sampling=s, block_size=None, tree_rows=rows))
     return gen
 
 
@@ -126,8 +126,8 @@ def _spine_picks(target, drafter, settings, monkeypatch):
     monkeypatch.setattr(DraftTree, "walk", walk)
     for seed in range(PIT_SEQUENCES):
         s = SamplingParams(settings.temperature, settings.top_p, settings.top_k, settings.min_p, seed)
-        for _ in speculative_generate_step(PROMPT, Pair.make(target, drafter), max_tokens=PIT_TOKENS, sampling=s,
-                                           tree_rows=7):
+        request = DecodeRequest(max_tokens=PIT_TOKENS, sampling=s, block_size=None, tree_rows=7)
+        for _ in decode_steps(PROMPT, Pair.make(target, drafter), request):
             pass
     return picks_at
 
