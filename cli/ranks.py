@@ -4,7 +4,7 @@
 every child's stdin pipe is always writable, and an exhausted stdin of the
 launcher itself is always readable. Its relay threads therefore spin and take
 a core away from the ranks; on this 2-core machine two ranks ran no faster
-than one (docs/results/train-dp-cpu.json has the measurement). So we keep the
+than one (benchmarks/results/train-dp-cpu.json has the measurement). So we keep the
 launcher's stdin open (it then waits on it) and, once every rank has started,
 lower the launcher's own priority. Ranks keep theirs; the launcher still
 relays output and tears the job down when a rank fails.

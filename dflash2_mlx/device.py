@@ -24,7 +24,7 @@ def default_activation_dtype() -> mx.Dtype:
 
 def target_activation_dtype(stored: mx.Dtype, quantized: bool, experts: bool = False) -> mx.Dtype:
     """The target's dtype when none is asked for (docs/long-context.md, measured by
-    benchmarks/prefill_policy.py). On the CPU a dense unquantized target keeps its
+    benchmarks/long_context/prefill_policy.py). On the CPU a dense unquantized target keeps its
     checkpoint's `stored` float dtype, as mlx-lm runs it: an fp32 upcast
     prefilled slower than mlx-lm and held twice its weights. A quantized one
     computes in fp32 there (bf16 scales take a path many times slower, and only
@@ -36,7 +36,7 @@ def target_activation_dtype(stored: mx.Dtype, quantized: bool, experts: bool = F
 
 
 # Prompt tokens per target forward during prefill on the CPU (docs/long-context.md,
-# benchmarks/prefill_policy.py): a smaller chunk keeps attention's score rows small.
+# benchmarks/long_context/prefill_policy.py): a smaller chunk keeps attention's score rows small.
 CPU_PREFILL_STEP_SIZE = 512
 
 

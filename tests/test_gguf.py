@@ -3,7 +3,7 @@ format by llama.cpp's `gguf` package, converted, and checked against a float ref
 from the same weights dequantized by `gguf.quants` (tests/gguf_files.py); every GGML type and
 the other families are in test_gguf_types.py. The independent check
 on the real SmolLM2 file, against transformers' own GGUF loader, is
-benchmarks/gguf_reference.py; here the real file only runs in `slow` tests, when it is cached.
+benchmarks/gguf/gguf_reference.py; here the real file only runs in `slow` tests, when it is cached.
 """
 
 import json

@@ -316,8 +316,8 @@ def test_bodies_are_the_shipped_files(harness, conv):
 
 
 def test_benchmark_times_active_kernels(harness, monkeypatch, tmp_path):
-    # The Metal branch of benchmarks/kernels.py, with harness kernels standing in.
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "kernels.py"
+    # The Metal branch of benchmarks/decode/kernels.py, with harness kernels standing in.
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "decode" / "kernels.py"
     spec = importlib.util.spec_from_file_location("benchmark_kernels", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

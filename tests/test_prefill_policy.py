@@ -4,7 +4,7 @@ What dtype the target and the drafter get on each backend when none is asked
 for, that the built-in target keeps its checkpoint's bf16 on the CPU (no fp32
 copy of its weights), and that the prefill, chunked as mlx-lm chunks it (all
 tokens but the last, then the last alone), decodes exactly what mlx-lm decodes
-on the same folder, with and without the drafter. Then benchmarks/long_context.py
+on the same folder, with and without the drafter. Then benchmarks/long_context/long_context.py
 end to end on a tiny context list.
 """
 
@@ -96,7 +96,7 @@ def test_the_prefill_runs_in_the_backends_steps(builtin, monkeypatch):
 
 @pytest.mark.slow
 def test_long_context_benchmark_runs_end_to_end(tmp_path):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "long_context"))
     import long_context
 
     out = tmp_path / "long.json"
@@ -127,7 +127,7 @@ def test_long_context_benchmark_runs_end_to_end(tmp_path):
 def test_long_context_decode_repeats_with_the_window_arm(tmp_path):
     """Repeats rewind every arm's cache for the next run; the window arm's drafter cache
     cannot be rewound that far, so it runs once (a second run failed on a stale cache)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "long_context"))
     import long_context
 
     out = tmp_path / "long.json"

@@ -1,5 +1,5 @@
 """`dflash2 train --processes N`: the relaunch argv and the launcher's priority
-(the 2x itself is measured by benchmarks/train_dp.py)."""
+(the 2x itself is measured by benchmarks/training/train_dp.py)."""
 
 import os
 import subprocess

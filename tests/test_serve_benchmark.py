@@ -1,4 +1,4 @@
-"""`benchmarks/serve.py --smoke` end to end: real servers (every dflash2 arm and mlx_lm.server
+"""`benchmarks/serve/serve.py --smoke` end to end: real servers (every dflash2 arm and mlx_lm.server
 on the built-in target, offline), one valid JSON record; and the ratios it reports."""
 
 import json
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "serve"))
 
-import serve  # noqa: E402  (benchmarks/serve.py)
+import serve  # noqa: E402  (benchmarks/serve/serve.py)
 
 
 @pytest.mark.slow
@@ -20,7 +20,7 @@ def test_smoke_runs_every_arm_and_writes_json(tmp_path):
     out = tmp_path / "serve.json"
     # mlx_lm.server loads the built-in target's folder, so it runs offline: no skip needed.
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve.py"), "--smoke", "--json", str(out)],
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve" / "serve.py"), "--smoke", "--json", str(out)],
                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads(out.read_text())

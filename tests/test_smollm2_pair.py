@@ -64,7 +64,7 @@ def pair():
 @real
 def test_greedy_speculation_batches_and_schemas_on_the_real_pair_are_plain_greedy_decoding(pair):
     # (Every block size 2-16 and trees of 8 and 16, on 21 held-out prompts and the float target:
-    # benchmarks/real_pair_tau.py, docs/results/smollm2-tau-cpu.json. Here the shipped Q4_1 target,
+    # benchmarks/acceptance/real_pair_tau.py, benchmarks/results/smollm2-tau-cpu.json. Here the shipped Q4_1 target,
     # on few tokens: a real-model pass on this CPU costs seconds.)
     from dflash2_mlx.engine.batch.decoder import BatchDecoder, SequenceSettings
     from dflash2_mlx.engine.decode.loop import autoregressive_generate_step, speculative_generate_step

@@ -1,6 +1,6 @@
 """What `dflash2 generate` pays for before its first token.
 
-The whole command is compared with `mlx_lm.generate` in docs/results/lean-cycle.md;
+The whole command is compared with `mlx_lm.generate` in benchmarks/results/lean-cycle.md;
 these tests keep what made it as quick from quietly coming back: the modules
 a plain `generate` must not import (each is tens of milliseconds: pydantic
 arrives with Typer 0.29, Rich with the notices, the trainer, server and

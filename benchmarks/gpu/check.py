@@ -12,9 +12,9 @@ or runs out of time takes nothing else with it; the JSON keeps what came before)
                     each: verify-cost table, cycle breakdown, a calibration, then
                     the decode arms (plain, mlx_lm, blocks 2/4/8/16, tree 8, auto)
                     with greedy parity against plain decoding (pair_step.py);
-  serve             benchmarks/serve.py: dflash2 serve (auto), --ar and
+  serve             benchmarks/serve/serve.py: dflash2 serve (auto), --ar and
                     mlx_lm.server at 1, 4 and 8 clients on the built-in pair;
-  kernels           benchmarks/kernels.py: the fused kernels against their twins.
+  kernels           benchmarks/decode/kernels.py: the fused kernels against their twins.
 One JSON holds everything: environment, each step's status and time, the
 sections, and `verdicts` (verdicts.py): the must-show ratios as pass / fail /
 n/a with their numbers, recomputed at every write.
@@ -105,12 +105,12 @@ def step_command(name: str, out: Path, quick: bool, budget: float, scratch: Path
         return cmd + (["--quick"] if quick else []), ROOT, None
     if name == "kernels":
         sizes = ["--repeats", "2", "--warmup", "1", "--vocab", "4096", "--hidden", "256"] if quick else []
-        return [py, str(ROOT / "benchmarks" / "kernels.py"), *sizes, "--json", str(scratch / "kernels.json")], \
+        return [py, str(ROOT / "benchmarks" / "decode" / "kernels.py"), *sizes, "--json", str(scratch / "kernels.json")], \
             ROOT, scratch / "kernels.json"
     # serve: run from a scratch folder, so `python -m dflash2_mlx.cli` imports the installed
     # package (on the GPU machine the checkout's own folder has no cli/ inside it).
     load = ["--requests", "1", "--max-tokens", "4"] if quick else ["--requests", "3", "--max-tokens", "64"]
-    return [py, str(ROOT / "benchmarks" / "serve.py"), "--arms", "dflash2,ar,mlx_lm", "--clients", "1,4,8", *load,
+    return [py, str(ROOT / "benchmarks" / "serve" / "serve.py"), "--arms", "dflash2,ar,mlx_lm", "--clients", "1,4,8", *load,
             "--json", str(scratch / "serve.json")], scratch, scratch / "serve.json"
 
 

@@ -6,7 +6,7 @@
   rows come before every timed pass, so every pass meets a key length it has not
   seen (what decoding does, and what made verify passes 40-75 ms on the H200);
   and `same_length`, the same pass repeated at one length (undone each time).
-* `cycles`: `tools.cycle_profile.cycle_breakdown` (benchmarks/cycle.py's
+* `cycles`: `tools.cycle_profile.cycle_breakdown` (benchmarks/decode/cycle.py's
   measurement): a one-sync cycle against the same cycle with each phase synced.
 """
 

@@ -40,7 +40,7 @@ if ! $PY -c "import mlx.core as mx, sys; sys.exit(0 if mx.cuda.is_available() el
   say "header); on any other machine use --cpu-dry-run"
   exit 2
 fi
-RESULTS=${OUT:-docs/results}
+RESULTS=${OUT:-benchmarks/results}
 mkdir -p "$RESULTS"
 $PY benchmarks/gpu/check.py --json "$RESULTS/gpu-check.json"
 say "done: $RESULTS/gpu-check.json"

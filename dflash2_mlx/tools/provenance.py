@@ -1,5 +1,5 @@
 """Where a result came from: the command that produced it and the commit of
-the code that measured it, for the top of every result file (docs/results/)."""
+the code that measured it, for the top of every result file (benchmarks/results/)."""
 
 import shlex
 import subprocess

@@ -6,7 +6,7 @@
 #   2. four drafters trained by `dflash2 train` with the same backbone, data and
 #      steps, each data-parallel over both cores (--processes 2: mlx.launch, ring):
 #      DFlash (baseline), DFlash 2, and the seed's two ablations;
-#   3. `dflash2 analyze` on the held-out completions -> docs/analysis/;
+#   3. `dflash2 analyze` on the held-out completions -> benchmarks/results/analyze-builtin/;
 #   4. the DFlash 2 and DFlash drafters installed into dflash2_mlx/builtin/ with a
 #      TRAINING.md each (tokens, time, held-out numbers, read from the run).
 # Knobs: STEPS, LR, PROCESSES, LAYERS, BLOCK, BATCH, SEQ, PER_FILE, RANK (selector rank; 64 keeps the
@@ -58,7 +58,7 @@ done
 unset LD_PRELOAD  # the analysis times cycles: stock MLX only
 [ -d "$RUN/dflash-selector/drafter" ] && [ -d "$RUN/dflash-conv/drafter" ] && dflash2 analyze --model "$MODEL" --data "$RUN/data/heldout-0.jsonl" --data "$RUN/data/heldout-1.jsonl" \
   --data "$RUN/heldout/heldout-0.jsonl" --data "$RUN/heldout/heldout-1.jsonl" ${ANALYZE_ARGS:---prompts 32 --prompt-len 48 --max-tokens 64} \
-  --heldout-fraction 1.0 --out "${ANALYSIS:-docs/analysis}" --block-size "${ANALYZE_BLOCK:-$BLOCK}" \
+  --heldout-fraction 1.0 --out "${ANALYSIS:-benchmarks/results/analyze-builtin}" --block-size "${ANALYZE_BLOCK:-$BLOCK}" \
   --dflash "$RUN/dflash/drafter" --selector "$RUN/dflash-selector/drafter" \
   --conv "$RUN/dflash-conv/drafter" --dflash2 "$RUN/dflash2/drafter"
 

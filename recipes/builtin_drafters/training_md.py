@@ -58,7 +58,7 @@ def main():
     lines += [f"| {e['step']} | {e['loss']:.3f} | " + " | ".join(f"{x:.2f}" for x in e["recall1_by_position"][:3]) + " |"
               for e in evals]
     if not args.about:
-        lines += ["", "The seed's tables for this drafter and its siblings: docs/analysis/analysis.md."]
+        lines += ["", "The seed's tables for this drafter and its siblings: benchmarks/results/analyze-builtin/analysis.md."]
     lines.append("")
     (args.dest / "TRAINING.md").write_text("\n".join(lines))
     print(f"wrote {args.dest / 'TRAINING.md'}")

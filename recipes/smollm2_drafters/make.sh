@@ -104,7 +104,7 @@ fi
 
 # Installed 8-bit (w8abf16, groups of 64): three bfloat16 layers make a 32 MB file, over the package's
 # 20 MB a file; 8-bit layers and projection keep each under it (the selector codebooks stay bfloat16).
-# τ is measured on these installed files (benchmarks/real_pair_tau.py).
+# τ is measured on these installed files (benchmarks/acceptance/real_pair_tau.py).
 if stage install; then for v in dflash2 dflash; do
   rm -rf "$RUN/$v/drafter-q8" && dflash2 quantize --drafter "$RUN/$v/drafter" -q w8abf16:gs64 -o "$RUN/$v/drafter-q8"
   rm -rf "dflash2_mlx/builtin/smollm2-$v" && cp -r "$RUN/$v/drafter-q8" "dflash2_mlx/builtin/smollm2-$v"

