@@ -14,11 +14,11 @@ import hashlib
 import mlx.core as mx
 import numpy as np
 
-from dflash2_mlx.engine.decode.loop import autoregressive_generate_step, speculative_generate_step
 from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.request import DecodeRequest
 from dflash2_mlx.engine.sampling import SamplingParams
 
-from helpers import ScriptedDrafter
+from helpers import ScriptedDrafter, decode_steps
 
 PROMPT = [5, 17, 42, 9, 101, 33, 7, 250]
 
@@ -31,7 +31,7 @@ def run_cases(target, drafters: dict, cases: list[dict], max_tokens: int) -> dic
     """Tokens per case, plus the first forward's logits and features (and their
     digests, for the bitwise comparison across ranks)."""
     out = {"tokens": {}}
-    ar = [s.tokens[0] for s in autoregressive_generate_step(PROMPT, Pair.make(target), max_tokens=max_tokens + 16)]
+    ar = [s.tokens[0] for s in decode_steps(PROMPT, Pair.make(target), DecodeRequest(max_tokens=max_tokens + 16))]
     out["tokens"]["ar"] = ar[:max_tokens]
     reference = PROMPT + ar
     for case in cases:
@@ -40,8 +40,8 @@ def run_cases(target, drafters: dict, cases: list[dict], max_tokens: int) -> dic
                                    target.vocab_size)
         pair = Pair.make(target, scripted)
         sampling = SamplingParams(temperature=case["temp"], seed=case.get("seed", 7))
-        steps = speculative_generate_step(PROMPT, pair, max_tokens=max_tokens, block_size=case["B"],
-                                          sampling=sampling)
+        request = DecodeRequest(max_tokens=max_tokens, block_size=case["B"], sampling=sampling)
+        steps = decode_steps(PROMPT, pair, request)
         out["tokens"][case_key(case)] = [t for s in steps for t in s.tokens]
     pair = Pair.make(target, drafters["dflash2"])
     logits, features = target(mx.array([PROMPT]), target.make_cache(), pair.layer_ids)

@@ -18,9 +18,10 @@ from mlx.utils import tree_flatten
 
 from dflash2_mlx import device
 from dflash2_mlx.device import backend_name, default_prefill_step_size, target_activation_dtype
-from dflash2_mlx.engine.decode.loop import autoregressive_generate_step, generate_step
+from dflash2_mlx.engine.request import DecodeRequest
 from dflash2_mlx.loading.builtin import resolve_builtin
 from dflash2_mlx.loading.load_pair import load_pair
+from helpers import decode_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 cpu = pytest.mark.skipif(backend_name() != "cpu", reason="the CPU backend's policy")
@@ -77,8 +78,8 @@ def test_greedy_output_equals_mlx_lm_with_and_without_the_drafter(builtin, step)
     assert len(ids) > 32 * 2  # several chunks, and a last token alone
     N = 12
     reference = _mlx_lm_tokens(ids, N, step or 2048)
-    plain = autoregressive_generate_step(ids, pair, max_tokens=N, prefill_step_size=step)
-    drafted = generate_step(ids, pair, max_tokens=N, block_size=8, prefill_step_size=step)
+    plain = decode_steps(ids, pair.without_drafter(), DecodeRequest(max_tokens=N, prefill_step_size=step))
+    drafted = decode_steps(ids, pair, DecodeRequest(max_tokens=N, block_size=8, prefill_step_size=step))
     plain, drafted = ([t for s in steps for t in s.tokens] for steps in (plain, drafted))
     assert plain == reference
     assert drafted[:N] == reference
@@ -89,8 +90,8 @@ def test_the_prefill_runs_in_the_backends_steps(builtin, monkeypatch):
     monkeypatch.setattr(device, "CPU_PREFILL_STEP_SIZE", 16)  # read at each call: a short prompt shows the chunks
     pair, _ = builtin
     calls = []
-    list(generate_step(list(range(1, 38)), pair.without_drafter(), max_tokens=1,
-                       prompt_progress_callback=lambda done, total: calls.append(done)))
+    list(decode_steps(list(range(1, 38)), pair.without_drafter(), DecodeRequest(max_tokens=1),
+                      prompt_progress_callback=lambda done, total: calls.append(done)))
     assert calls == [0, 16, 32, 37]
 
 

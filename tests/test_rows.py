@@ -14,10 +14,10 @@ from mlx_lm.generate import generate_step as mlx_lm_generate_step
 from mlx_lm.sample_utils import make_logits_processors
 
 from dflash2_mlx import load_pair
-from dflash2_mlx.engine.decode.loop import generate_step
 from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.request import DecodeRequest
 
-from helpers import load_pair_for
+from helpers import decode_steps, load_pair_for
 
 N = 48
 SETTINGS = {
@@ -70,7 +70,8 @@ def reference(target, prompt, processors, n=N):
 
 
 def ours(pair, prompt, processors, n=N, **kw):
-    steps = list(generate_step(mx.array(prompt), pair, max_tokens=n, logits_processors=processors, **kw))
+    request = DecodeRequest(**{"max_tokens": n, "logits_processors": processors, "block_size": None, **kw})
+    steps = list(decode_steps(mx.array(prompt), pair, request))
     return [t for s in steps for t in s.tokens], [lp for s in steps for lp in (s.logprobs or ())], steps
 
 

@@ -6,12 +6,13 @@ import mlx.core as mx
 import pytest
 
 from dflash2_mlx.cli.model_source import ModelFolder
-from dflash2_mlx.cli.options import drafter_for
-from dflash2_mlx.engine.decode.loop import generate_step
+from dflash2_mlx.cli.inputs import drafter_for
 from dflash2_mlx.engine.drafter.config import DrafterConfig
-from dflash2_mlx.engine.grammar import Grammar, GrammarState
+from dflash2_mlx.engine.grammar import Grammar
+from dflash2_mlx.engine.request import DecodeRequest
 from dflash2_mlx.loading.builtin import resolve_builtin
 from dflash2_mlx.loading.checkpoints import read_config
+from helpers import decode_steps
 from test_gguf import SMOLLM2, real
 
 
@@ -66,22 +67,23 @@ def test_greedy_speculation_batches_and_schemas_on_the_real_pair_are_plain_greed
     # (Every block size 2-16 and trees of 8 and 16, on 21 held-out prompts and the float target:
     # benchmarks/acceptance/real_pair_tau.py, benchmarks/results/smollm2-tau-cpu.json. Here the shipped Q4_1 target,
     # on few tokens: a real-model pass on this CPU costs seconds.)
-    from dflash2_mlx.engine.batch.decoder import BatchDecoder, SequenceSettings
-    from dflash2_mlx.engine.decode.loop import autoregressive_generate_step, speculative_generate_step
+    from dflash2_mlx.engine.batch.decoder import BatchDecoder
+    from dflash2_mlx.engine.plan import plan
 
     pair, tokenizer = pair
     prompts = [ids_of(tokenizer, q) for q in ("Write a Python function that reverses a string.",
                                               "What is the capital of France?", "What is 12 + 30?",
                                               "Name a large animal.")]
-    want = [[s.tokens[0] for s in autoregressive_generate_step(p, pair.without_drafter(), max_tokens=6)]
+    want = [[s.tokens[0] for s in decode_steps(p, pair.without_drafter(), DecodeRequest(max_tokens=6))]
             for p in prompts]
-    for kw in (dict(block_size=16), dict(tree_rows=8)):
-        steps = list(speculative_generate_step(prompts[0], pair, max_tokens=6, **kw))
+    for kw in (dict(block_size=16), dict(block_size=None, tree_rows=8)):
+        steps = list(decode_steps(prompts[0], pair, DecodeRequest(max_tokens=6, **kw)))
         assert [t for s in steps for t in s.tokens][:6] == want[0], kw
         # The drafter is real: some cycle commits drafted tokens (else this checks plain decoding).
         assert max(len(s.tokens) for s in steps[1:]) > 1, kw
     decoder = BatchDecoder(pair, max_batch=4)
-    seqs = [decoder.add(p, SequenceSettings(max_tokens=6, block_size=6)) for p in prompts]
+    seqs = [decoder.add(p, plan(pair, DecodeRequest(max_tokens=6, block_size=6), prompt_ids=p, batched=True))
+            for p in prompts]
     got, widest = {id(s): [] for s in seqs}, 0
     while any(not s.finished for s in seqs):
         for seq, step in decoder.step():
@@ -93,9 +95,9 @@ def test_greedy_speculation_batches_and_schemas_on_the_real_pair_are_plain_greed
     schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
     ids = ids_of(tokenizer, "Answer in JSON: which city is the capital of France?")
 
-    def constrained(p, **kw):
-        state = GrammarState(Grammar.json_schema(schema), tokenizer, p.target.vocab_size)
-        return [t for s in generate_step(mx.array(ids), p, max_tokens=8, grammar=state, **kw) for t in s.tokens]
+    def constrained(p, block_size=None):
+        request = DecodeRequest(max_tokens=8, grammar=Grammar.json_schema(schema), block_size=block_size)
+        return [t for s in decode_steps(mx.array(ids), p, request, tokenizer=tokenizer) for t in s.tokens]
 
     plain = constrained(pair.without_drafter())
     assert tokenizer.decode(plain).lstrip().startswith("{")
