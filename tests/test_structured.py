@@ -26,14 +26,15 @@ from scipy.stats import chisquare
 
 from dflash2_mlx import load_pair
 from dflash2_mlx.engine.decode.constrained import grammar_propose
-from dflash2_mlx.engine.decode.loop import generate_step
 from dflash2_mlx.engine.decode.verify import _leading_run, accept_sampled
 from dflash2_mlx.engine.grammar import JSON_LAYOUT, Grammar, GrammarState, masked
 from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.plan import plan
+from dflash2_mlx.engine.request import DecodeRequest
 from dflash2_mlx.engine.sampling import SamplingParams, make_logprobs_transform
 from dflash2_mlx.errors import DFlashError
 
-from helpers import load_pair_for, pick_pvalues
+from helpers import decode_steps, load_pair_for, pick_pvalues
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 150},
@@ -79,8 +80,8 @@ def reference_tokens(target, tokenizer, prompt_ids, grammar_text, n, vocab):
 
 
 def ours(pair, tokenizer, prompt_ids, grammar, n, **kw):
-    state = GrammarState(grammar, tokenizer, pair.target.vocab_size)
-    return [t for s in generate_step(mx.array(prompt_ids), pair, max_tokens=n, grammar=state, **kw) for t in s.tokens]
+    request = DecodeRequest(**{"max_tokens": n, "grammar": grammar, "block_size": None, **kw})
+    return [t for s in decode_steps(mx.array(prompt_ids), pair, request, tokenizer=tokenizer) for t in s.tokens]
 
 
 @pytest.mark.parametrize("schema", [PERSON, CALL], ids=["person", "call"])
@@ -115,8 +116,8 @@ def test_drafts_only_allowed_tokens_and_forced_ones_cost_no_acceptance(builtin):
     pair, tokenizer = builtin
     # A literal prefix: every token of it is forced, so the drafter's guess does not matter.
     grammar = Grammar.regex(r"result_value_is_[0-9]{3}")
-    state = GrammarState(grammar, tokenizer, pair.target.vocab_size)
-    steps = list(generate_step(mx.array(tokenizer.encode("x = ")), pair, max_tokens=40, block_size=16, grammar=state))
+    request = DecodeRequest(max_tokens=40, block_size=16, grammar=grammar)
+    steps = list(decode_steps(mx.array(tokenizer.encode("x = ")), pair, request, tokenizer=tokenizer))
     text = tokenizer.decode([t for s in steps for t in s.tokens][:-1])
     assert text.startswith("result_value_is_") and len(text) == len("result_value_is_") + 3
     # The prefill wrote "result"; the first cycle drafts the forced "_value_is_" (canonical
@@ -328,9 +329,9 @@ def test_sampled_generate_step_under_a_grammar_follows_the_masked_target(synthet
     grammar, ids = Grammar.regex(GRAMMAR_REGEX), tokenizer.encode("hello world")
     runs = []
     for seed in range(N_GRAMMAR):
-        steps = list(generate_step(mx.array(ids), pair, max_tokens=2, block_size=4,
-                                   sampling=replace(GRAMMAR_SAMPLING, seed=seed),
-                                   grammar=GrammarState(grammar, tokenizer, pair.target.vocab_size)))
+        request = DecodeRequest(max_tokens=2, block_size=4, sampling=replace(GRAMMAR_SAMPLING, seed=seed),
+                                grammar=grammar)
+        steps = list(decode_steps(mx.array(ids), pair, request, tokenizer=tokenizer))
         runs.append(([t for s in steps for t in s.tokens], steps))
     _check_second_tokens(runs, MaskedRows(pair.target, tokenizer, ids, grammar.compiled(), GRAMMAR_SAMPLING))
 
@@ -339,17 +340,16 @@ def test_sampled_batches_under_a_grammar_follow_the_masked_target(synthetic):
     """As above through `BatchDecoder` (the wiring in engine/batch/decoder.py `_pick`),
     eight grammar sequences at a time beside two greedy companions already decoding. The
     same wrong rule in `_pick` fails it with the same numbers (seeded: alone = batched)."""
-    from dflash2_mlx.engine.batch.decoder import SequenceSettings
     from helpers import run_beside_companions
 
     pair, tokenizer = synthetic
     grammar, ids = Grammar.regex(GRAMMAR_REGEX), tokenizer.encode("hello world")
     runs = []
     for first in range(0, N_GRAMMAR, 8):
-        settings = [SequenceSettings(max_tokens=2, block_size=4, sampling=replace(GRAMMAR_SAMPLING, seed=seed),
-                                     grammar=GrammarState(grammar, tokenizer, pair.target.vocab_size))
-                    for seed in range(first, first + 8)]
-        tokens, steps, fewest = run_beside_companions(pair, ids, settings)
+        plans = [plan(pair, DecodeRequest(max_tokens=2, block_size=4, sampling=replace(GRAMMAR_SAMPLING, seed=seed),
+                                          grammar=grammar), prompt_ids=ids, tokenizer=tokenizer, batched=True)
+                 for seed in range(first, first + 8)]
+        tokens, steps, fewest = run_beside_companions(pair, ids, plans)
         assert fewest >= 3  # every sampled cycle ran beside both companions
         runs.extend(zip(tokens, steps))
     _check_second_tokens(runs, MaskedRows(pair.target, tokenizer, ids, grammar.compiled(), GRAMMAR_SAMPLING))
