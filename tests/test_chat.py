@@ -17,6 +17,8 @@ import time
 import pytest
 
 from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.request import DecodeRequest
+from dflash2_mlx.engine.sampling import SamplingParams
 from dflash2_mlx.text.chat_session import ChatSession
 from dflash2_mlx.cli import ui
 from dflash2_mlx.cli.chat import chat_loop, parse_command
@@ -33,17 +35,17 @@ def pair():
 
 
 def new_session(pair, **kw):
+    """A session of the qwen3 pair; `kw`: its request's settings (MAX_TOKENS, block BLOCK unless given)."""
     target, tokenizer, drafter = pair
-    kw.setdefault("max_tokens", MAX_TOKENS)
-    kw.setdefault("block_size", BLOCK)
-    return ChatSession(Pair.make(target, drafter), tokenizer, system_prompt="Be brief.", **kw)
+    request = DecodeRequest(**{"max_tokens": MAX_TOKENS, "block_size": BLOCK, **kw})
+    return ChatSession(Pair.make(target, drafter), tokenizer, system_prompt="Be brief.", request=request)
 
 
 def fresh_answer(pair, ids, drafter=True):
     """The same conversation ids decoded from scratch, no cache."""
     target, tokenizer, d = pair
-    return [r.token for r in stream_generate(Pair.make(target, d if drafter else None), tokenizer, list(ids),
-                                             max_tokens=MAX_TOKENS, block_size=BLOCK if drafter else None)]
+    request = DecodeRequest(max_tokens=MAX_TOKENS, block_size=BLOCK if drafter else None)
+    return [r.token for r in stream_generate(Pair.make(target, d if drafter else None), tokenizer, list(ids), request)]
 
 
 def assert_cache_consistent(session):
@@ -116,7 +118,7 @@ def test_three_turns_prefill_only_new_tokens(pair):
 
 def test_plain_decoding_session_caches_too(pair):
     target, tokenizer, _ = pair
-    session = ChatSession(Pair.make(target), tokenizer, max_tokens=MAX_TOKENS)
+    session = ChatSession(Pair.make(target), tokenizer, request=DecodeRequest(max_tokens=MAX_TOKENS, block_size=None))
     results, _ = drive(session, "Hello", "Again")
     assert results[1].reused_tokens == len(results[0].prompt_ids) + MAX_TOKENS
     assert list(results[1].tokens) == fresh_answer(pair, results[1].prompt_ids, drafter=False)
@@ -144,14 +146,15 @@ def test_engine_contract_second_turn_stop_inside_a_block(pair):
 
     target, tokenizer, drafter = pair
     cache = DecodeCache(target.make_cache(), drafter.make_cache())
-    first = [r.token for r in stream_generate(Pair.make(target, drafter), tokenizer, [5, 9, 13, 2], max_tokens=10,
-                                              prompt_cache=cache)]
+    pair = Pair.make(target, drafter)
+    first = [r.token for r in stream_generate(pair, tokenizer, [5, 9, 13, 2],
+                                              DecodeRequest(max_tokens=10, block_size=None), prompt_cache=cache)]
     turn2 = [first[-1], 40, 41, 42]
-    full = [r.token for r in stream_generate(Pair.make(target, drafter), tokenizer, [5, 9, 13, 2] + first + turn2[1:],
-                                             max_tokens=30)]
+    full = [r.token for r in stream_generate(pair, tokenizer, [5, 9, 13, 2] + first + turn2[1:],
+                                             DecodeRequest(max_tokens=30, block_size=None))]
     stop = tokenizer.decode(full[5:7])
-    out = [r.token for r in stream_generate(Pair.make(target, drafter), tokenizer, turn2, max_tokens=30,
-                                            prompt_cache=cache, stop=[stop])]
+    out = [r.token for r in stream_generate(pair, tokenizer, turn2,
+                                            DecodeRequest(max_tokens=30, block_size=None, stop=[stop]), prompt_cache=cache)]
     assert out == full[: len(out)] and len(out) < 30
     assert cache.tokens == [5, 9, 13, 2] + first + turn2[1:] + out
     assert cache.offset == cache.drafter_rows == len(cache.tokens) - 1
@@ -268,7 +271,8 @@ class ForgetfulTemplateSession(ChatSession):
 
 def test_template_that_rerenders_history_falls_back_to_rewinding(pair):
     target, tokenizer, drafter = pair
-    session = ForgetfulTemplateSession(Pair.make(target, drafter), tokenizer, max_tokens=MAX_TOKENS, block_size=BLOCK)
+    session = ForgetfulTemplateSession(Pair.make(target, drafter), tokenizer,
+                                       request=DecodeRequest(max_tokens=MAX_TOKENS, block_size=BLOCK))
     first = session.ask("Write a loop")
     second = session.ask("Now make it faster")
     assert second.rewound and 0 < second.reused_tokens < len(first.prompt_ids) + len(first.tokens)
@@ -294,15 +298,17 @@ def test_parse_command():
 
 
 def test_commands_through_the_loop(pair):
-    session = new_session(pair)
+    # Seeded: "/set temp 0.7" samples, and an unseeded draw (from MLX's global generator, where
+    # the tests before this one left it) can end the answer early on EOS.
+    session = new_session(pair, sampling=SamplingParams(seed=0))
     results, out = drive(
         session, "/help", "/set temp 0.7", "/set top_p 0.9", "/set max_tokens 6", "/set block_size 3",
         "/set block_size 99", "/set temp -1", "/set nonsense 1", "/set temp", "/set", "/bogus",
         "/system Answer in French.", "/system", "hi", "/stats", "/color", "/quit", "never read")
     assert "/reset, /clear" in out and "/set NAME VALUE" in out  # help
-    s = session.sampling
-    assert (s.temperature, s.top_p, session.max_tokens, session.block_size) == (0.7, 0.9, 6, 3)
-    for fragment in ("block size 99 is outside [2, 16]", "temperature -1.0 is negative", "unknown setting 'nonsense'",
+    r = session.request
+    assert (r.sampling.temperature, r.sampling.top_p, r.max_tokens, r.block_size) == (0.7, 0.9, 6, 3)
+    for fragment in ("block_size 99 is outside [2, 16]", "temperature -1.0 is negative", "unknown setting 'nonsense'",
                      "/set temp needs a value", "unknown command /bogus"):
         assert f"error: {fragment}" in out, fragment
     assert "max_tokens 6 · block_size 3" in out  # /set with no name shows everything
