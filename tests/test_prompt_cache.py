@@ -6,12 +6,14 @@ import pytest
 
 from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.engine.decode.loop import DecodeCache
+from dflash2_mlx.engine.request import DecodeRequest
 from dflash2_mlx.text.generate import stream_generate
 from helpers import load_pair_for
 
 
-def run(target, tokenizer, ids, drafter, cache=None, **kw):
-    rs = list(stream_generate(Pair.make(target, drafter), tokenizer, ids, prompt_cache=cache, **kw))
+def run(target, tokenizer, ids, drafter, cache=None, block_size=None, **kw):
+    request = DecodeRequest(block_size=block_size, **kw)
+    rs = list(stream_generate(Pair.make(target, drafter), tokenizer, ids, request, prompt_cache=cache))
     return [r.token for r in rs], rs[-1]
 
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 import pytest
 
 from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.request import DecodeRequest
 from dflash2_mlx.loading.checkpoints import load_target
 from dflash2_mlx.text.generate import stream_generate
 from dflash2_mlx.text.prompt_cache import CacheSettings, PromptCache
@@ -21,6 +22,11 @@ from dflash2_mlx.tools.synthetic import drafter_config_dict, random_drafter, wri
 
 S = 16  # block tokens: small, so short prompts span several blocks
 LOOKALIKES = {"qwen3": {}, "qwen3_5": {}, "muse_glimmer": dict(tie_word_embeddings=False, sliding_window=8)}
+
+
+def block4(n: int) -> DecodeRequest:
+    """A request of `n` tokens drafted in blocks of 4, as these tests run them."""
+    return DecodeRequest(max_tokens=n, block_size=4)
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +45,9 @@ def pairs(tmp_path_factory):
 def answer(pair, tokenizer, ids, pcache=None, n=8):
     """One request as the server runs it: (tokens, reuse)."""
     if pcache is None:
-        return [r.token for r in stream_generate(pair, tokenizer, ids, max_tokens=n, block_size=4)], None
+        return [r.token for r in stream_generate(pair, tokenizer, ids, block4(n))], None
     cache, prompt, reuse = pcache.prepare(ids)
-    out = [r.token for r in stream_generate(pair, tokenizer, prompt, max_tokens=n, block_size=4, prompt_cache=cache)]
+    out = [r.token for r in stream_generate(pair, tokenizer, prompt, block4(n), prompt_cache=cache)]
     pcache.put(cache)
     pcache.flush()
     return out, reuse
@@ -176,7 +182,7 @@ def test_chat_resumes_a_conversation_from_disk(pairs, tmp_path):
     settings = CacheSettings(block_tokens=S, memory_bytes=0, folder=tmp_path)
 
     def session():
-        return ChatSession(pair, tok, system_prompt=system, max_tokens=6, block_size=4,
+        return ChatSession(pair, tok, system_prompt=system, request=block4(6),
                            prompt_cache=PromptCache(pair, settings))
 
     one = session()
@@ -203,7 +209,7 @@ def test_chat_progress_counts_the_blocks_and_the_rest_as_one_prompt(pairs, tmp_p
 
     pair, tok = pairs["qwen3"]
     system = " ".join(f"rule {i} says keep it short" for i in range(12))
-    session = ChatSession(pair, tok, system_prompt=system, max_tokens=3, block_size=4,
+    session = ChatSession(pair, tok, system_prompt=system, request=block4(3),
                           prompt_cache=PromptCache(pair, CacheSettings(block_tokens=S, folder=tmp_path)))
     seen = []
     turn = session.ask("hello there", prompt_progress_callback=lambda done, total: seen.append((done, total)))
@@ -224,7 +230,7 @@ def test_blocks_are_written_off_the_calling_thread_and_read_while_queued(pairs, 
     pcache = PromptCache(pair, settings)
     with pcache.disk._lock:  # the writer waits for it before renaming a file into place
         cache, prompt, _ = pcache.prepare(SYSTEM + [5])
-        out = [r.token for r in stream_generate(pair, tok, prompt, max_tokens=8, block_size=4, prompt_cache=cache)]
+        out = [r.token for r in stream_generate(pair, tok, prompt, block4(8), prompt_cache=cache)]
         pcache.put(cache)
         assert out == cold and not block_files(tmp_path) and pcache.pending
         again, reuse = answer_unflushed(pair, tok, SYSTEM + [5], pcache)
@@ -242,7 +248,7 @@ def block_files(folder):
 
 def answer_unflushed(pair, tokenizer, ids, pcache, n=8):
     cache, prompt, reuse = pcache.prepare(ids)
-    out = [r.token for r in stream_generate(pair, tokenizer, prompt, max_tokens=n, block_size=4, prompt_cache=cache)]
+    out = [r.token for r in stream_generate(pair, tokenizer, prompt, block4(n), prompt_cache=cache)]
     pcache.put(cache)
     return out, reuse
 
@@ -371,14 +377,16 @@ def test_blocks_of_a_run_that_left_rows_unread_hold_what_reading_it_gives_the_dr
     keeping them in blocks runs them in first, so a prompt restored from the
     blocks drafts from the rows reading the conversation at once would give."""
     import mlx.core as mx
-    from dflash2_mlx.engine.decode.loop import DecodeCache, generate_step, prefill
+    from dflash2_mlx.engine.decode.loop import DecodeCache, prefill
     from dflash2_mlx.engine.decode.state import FixedBlock
+    from helpers import decode_steps
 
     pair, tok = pairs["qwen3"]
     pcache = PromptCache(pair, CacheSettings(block_tokens=S))
     ids = SYSTEM[:20]
     cache, prompt, _ = pcache.prepare(ids)
-    out = [t for s in generate_step(prompt, pair, max_tokens=30, policy=FixedBlock(1), prompt_cache=cache)
+    request = DecodeRequest(max_tokens=30, block_size=None)
+    out = [t for s in decode_steps(prompt, pair, request, policy=FixedBlock(1), prompt_cache=cache)
            for t in s.tokens]  # plain steps
     assert cache.unread is not None and cache.drafter[0].offset < 3 * S  # the premise: blocks 1, 2 unread
     pcache.put(cache)
