@@ -5,6 +5,7 @@ import json
 from dflash2_mlx.errors import DFlashError
 from dflash2_mlx.files import atomic_write_text, check_writable
 
+from . import inputs
 from . import options as o
 from .exactness import exactness
 from . import plotting
