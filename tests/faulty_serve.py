@@ -1,8 +1,8 @@
 """`dflash2 serve` with one failure a test can ask for (test_serve_robustness.py).
 
 Run as `python tests/faulty_serve.py serve ARGS`. The model and the decode
-loops are the real ones; only `GenerationRequest.logits_processors` is
-wrapped: a request whose logit_bias gives token FAULT_TOKEN the bias RAISE
+loops are the real ones; only `GenerationRequest._logits_processors` (the
+processors `decode_request` puts in the engine's request) is wrapped: a request whose logit_bias gives token FAULT_TOKEN the bias RAISE
 gets one more processor, which raises RuntimeError the first time the decode
 loop calls it (a bug inside generation: the request must end alone, with a
 500); the bias KILL raises a BaseException there instead, which nothing in
@@ -27,7 +27,7 @@ def _kill(tokens, logits):
     raise EngineKilled("injected: the engine thread ends here")
 
 
-_original = GenerationRequest.logits_processors
+_original = GenerationRequest._logits_processors
 
 
 def _with_faults(self) -> list:
@@ -37,7 +37,7 @@ def _with_faults(self) -> list:
     return processors + [fault] if fault is not None else processors
 
 
-GenerationRequest.logits_processors = _with_faults
+GenerationRequest._logits_processors = _with_faults
 
 if __name__ == "__main__":
     from dflash2_mlx.cli.entry import main

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.request import DecodeRequest
 from dflash2_mlx.cli import ui
 from dflash2_mlx.tools.compare import ArmRun, Parity, compare, parity, replay_frame
 from dflash2_mlx.text.prompt import build_prompt
@@ -88,7 +89,7 @@ def test_honest_schedule_and_acceptance():
     reference = ar_tokens(target, ids, N + 16)
     drafter = ScriptedDrafter(base, reference, len(ids), lambda c: c % B, target.vocab_size)
     events = []
-    result = compare(Pair.make(target, drafter), tokenizer, ids, max_tokens=N, block_size=B, repeats=3,
+    result = compare(Pair.make(target, drafter), tokenizer, ids, DecodeRequest(max_tokens=N, block_size=B), repeats=3,
                      on_arm=lambda phase, arm, i: events.append((phase, arm, i)))
     assert events == [("warmup", "ar", 0), ("warmup", "spec", 0), ("measure", "ar", 0), ("measure", "spec", 0),
                       ("measure", "spec", 1), ("measure", "ar", 1), ("measure", "ar", 2), ("measure", "spec", 2)]

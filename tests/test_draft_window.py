@@ -15,6 +15,7 @@ import pytest
 from dflash2_mlx.engine.decode.state import DecodeCache
 from dflash2_mlx.engine.drafter.model import CachedContext
 from dflash2_mlx.engine.drafter.context_caches import SINK_ROWS, SinkWindowCache
+from dflash2_mlx.engine.request import DecodeRequest
 from dflash2_mlx.engine.sampling import SamplingParams
 from dflash2_mlx.errors import DFlashError
 from dflash2_mlx.loading.load_pair import load_pair
@@ -46,8 +47,8 @@ def windowed():
 
 
 def _tokens(pair, tokenizer, ids, block_size=8, max_tokens=48, prompt_cache=None):
-    responses = list(stream_generate(pair, tokenizer, ids, max_tokens=max_tokens, sampling=SamplingParams(),
-                                     block_size=block_size, prompt_cache=prompt_cache))
+    request = DecodeRequest(max_tokens=max_tokens, sampling=SamplingParams(), block_size=block_size)
+    responses = list(stream_generate(pair, tokenizer, ids, request, prompt_cache=prompt_cache))
     return [r.token for r in responses], responses[-1].stats
 
 

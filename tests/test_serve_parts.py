@@ -5,6 +5,7 @@ import pytest
 
 from dflash2_mlx.engine.decode.loop import DecodeCache
 from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.request import DecodeRequest
 from dflash2_mlx.serve.cache_pool import PromptCachePool, cache_nbytes
 from dflash2_mlx.serve.errors import ApiError
 from dflash2_mlx.serve.fields import check_range, get, stop_list
@@ -13,12 +14,14 @@ from dflash2_mlx.text.generate import stream_generate
 from helpers import load_pair_for
 
 
-def run(pair, ids, pool, **kw):
-    """One request through the pool, as the service does it."""
+def run(pair, ids, pool, block_size=None, **kw):
+    """One request (a DecodeRequest of `kw`; block_size None: the drafter's fixed block)
+    through the pool, as the service does it."""
     pair, tokenizer = pair
     cache, reused = pool.take(ids)
     prompt = ids[reused - 1:] if reused else ids
-    tokens = [r.token for r in stream_generate(pair, tokenizer, prompt, prompt_cache=cache, **kw)]
+    request = DecodeRequest(block_size=block_size, **kw)
+    tokens = [r.token for r in stream_generate(pair, tokenizer, prompt, request, prompt_cache=cache)]
     pool.put(cache)
     return tokens, reused
 

@@ -320,11 +320,13 @@ def test_a_dead_engine_says_so_on_health_and_answers_503(max_batch):
     from starlette.testclient import TestClient
 
     from dflash2_mlx import load_pair
+    from dflash2_mlx.engine.request import DecodeRequest
     from dflash2_mlx.serve.app import create_app
     from dflash2_mlx.serve.service import EngineService
     from dflash2_mlx.serve.settings import ServeSettings
 
-    service = EngineService(lambda: load_pair("builtin", "builtin"), max_batch=max_batch)
+    service = EngineService(lambda: load_pair("builtin", "builtin"), request=DecodeRequest(block_size=None),
+                            max_batch=max_batch)
     service.start()
     lines = []
     service.on_failed = lines.append

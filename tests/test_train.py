@@ -20,7 +20,7 @@ from dflash2_mlx.errors import DFlashError
 from dflash2_mlx.loading.load_pair import load_pair
 from dflash2_mlx.train.setup import prepare
 from dflash2_mlx.train.trainer import EvalEvent, StepEvent, StoppedEvent, TrainConfig, read_metrics
-from helpers import ar_tokens, drafter_folder, target_folder
+from helpers import ar_tokens, decode_steps, drafter_folder, target_folder
 
 DATA = [str(Path(sysconfig.get_paths()["stdlib"]) / "json")]
 SMALL = dict(kind="dflash2", num_layers=1, block_size=8, seq_len=64, selector_rank=32)
@@ -162,9 +162,10 @@ def test_export_is_a_released_checkpoint_with_parity(tmp_path):
     assert "candidate_selector.predecessor_codebook" in names and "fc.weight" in names
     pair, _ = load_pair(str(target_folder("qwen3")), str(folder))
     target, drafter = pair.target, pair.drafter
-    from dflash2_mlx.engine.decode.loop import speculative_generate_step
+    from dflash2_mlx.engine.request import DecodeRequest
 
-    out = [x for s in speculative_generate_step([5, 6, 7], Pair.make(target, drafter), max_tokens=30) for x in s.tokens]
+    request = DecodeRequest(max_tokens=30, block_size=None)
+    out = [x for s in decode_steps([5, 6, 7], Pair.make(target, drafter), request) for x in s.tokens]
     assert out == ar_tokens(target, [5, 6, 7], 30)
 
 
