@@ -19,6 +19,7 @@ from helpers import drafter_folder, load_pair_for, target_folder
 from serve_helpers import Server
 
 from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.request import DecodeRequest
 from dflash2_mlx.errors import DFlashError, PromptTooLongError
 
 LIMIT = 2048  # the tiny targets' and the built-in target's max_position_embeddings
@@ -103,7 +104,7 @@ def test_stream_generate_refuses_a_prompt_over_the_context_before_prefill(loaded
     target, tokenizer, drafter = loaded
     pair = Pair.make(target, drafter if with_drafter else None)
     prefilled = []
-    responses = stream_generate(pair, tokenizer, ids_of(LIMIT + 5), max_tokens=4, block_size=4,
+    responses = stream_generate(pair, tokenizer, ids_of(LIMIT + 5), DecodeRequest(max_tokens=4, block_size=4),
                                 prompt_progress_callback=lambda done, total: prefilled.append(done))
     with pytest.raises(PromptTooLongError) as e:
         next(responses)
@@ -118,7 +119,7 @@ def test_a_generation_stops_when_the_context_is_full(loaded):
 
     target, tokenizer, drafter = loaded
     for pair in (Pair.make(target, drafter), Pair.make(target)):
-        out = list(stream_generate(pair, tokenizer, ids_of(LIMIT - 6), max_tokens=100, block_size=4))
+        out = list(stream_generate(pair, tokenizer, ids_of(LIMIT - 6), DecodeRequest(max_tokens=100, block_size=4)))
         assert 1 <= len(out) <= 6
         if len(out) < 6:  # an EOS came first
             assert out[-1].token in tokenizer.eos_token_ids
@@ -130,7 +131,7 @@ def test_the_chat_session_counts_the_whole_conversation(loaded):
     from dflash2_mlx.text.chat_session import ChatSession
 
     target, tokenizer, drafter = loaded
-    session = ChatSession(Pair.make(target, drafter), tokenizer, max_tokens=4, block_size=4)
+    session = ChatSession(Pair.make(target, drafter), tokenizer, request=DecodeRequest(max_tokens=4, block_size=4))
     first = session.ask("Write a loop")
     assert first.finish_reason in ("stop", "length")
     before = (list(session.messages), list(session.cache.tokens))
@@ -227,7 +228,8 @@ def test_prompt_progress_callback_counts_up_to_the_prompt(loaded):
     target, tokenizer, drafter = loaded
     for pair in (Pair.make(target, drafter), Pair.make(target)):
         calls = []
-        list(stream_generate(pair, tokenizer, ids_of(300), max_tokens=3, block_size=4, prefill_step_size=64,
+        request = DecodeRequest(max_tokens=3, block_size=4, prefill_step_size=64)
+        list(stream_generate(pair, tokenizer, ids_of(300), request,
                              prompt_progress_callback=lambda done, total: calls.append((done, total))))
         assert calls == [(n, 300) for n in (0, 64, 128, 192, 256, 300)]
 
@@ -236,7 +238,8 @@ def test_prompt_progress_callback_in_a_chat_counts_the_new_tokens(loaded):
     from dflash2_mlx.text.chat_session import ChatSession
 
     target, tokenizer, drafter = loaded
-    session = ChatSession(Pair.make(target, drafter), tokenizer, max_tokens=3, block_size=4, prefill_step_size=8)
+    session = ChatSession(Pair.make(target, drafter), tokenizer,
+                          request=DecodeRequest(max_tokens=3, block_size=4, prefill_step_size=8))
     session.ask("Write a loop")
     calls = []
     turn = session.ask("Now make it faster", prompt_progress_callback=lambda d, t: calls.append((d, t)))
@@ -258,7 +261,7 @@ class Clock:
 
 
 def test_prefill_progress_waits_draws_one_line_and_erases_it():
-    from dflash2_mlx.cli.options import PREFILL_QUIET_S, PrefillProgress
+    from dflash2_mlx.cli.progress import PREFILL_QUIET_S, PrefillProgress
 
     out, clock = FakeTerminal(), Clock()
     progress = PrefillProgress(out, clock)
@@ -297,13 +300,13 @@ def run_in_process(argv, stderr) -> tuple[int, str, str]:
 
 
 def test_generate_draws_prefill_progress_on_a_terminal_only(paths, monkeypatch):
-    from dflash2_mlx.cli import options
+    from dflash2_mlx.cli import progress
 
     argv = ["generate", *pair_args(paths), "-p", LONG_TEXT[:2000], "-m", "4", "--block-size", "4", "--json"]
     code, out, err = run_in_process(argv, io.StringIO())  # not a terminal
     assert code == 0, err
     assert "prefill" not in err and "\r" not in err
-    monkeypatch.setattr(options, "PREFILL_QUIET_S", 0.0)  # every prefill counts as long
+    monkeypatch.setattr(progress, "PREFILL_QUIET_S", 0.0)  # every prefill counts as long
     monkeypatch.setenv("TERM", "xterm")
     code, out, err = run_in_process(argv, FakeTerminal())
     assert code == 0, err
@@ -352,11 +355,11 @@ def test_chat_set_tree_is_bounded_too(loaded):
 
     target, tokenizer, drafter = loaded
     session = ChatSession(Pair.make(target, drafter), tokenizer)
-    with pytest.raises(DFlashError, match="tree 100,000: .* at most 241 rows"):
+    with pytest.raises(DFlashError, match="tree_rows 100,000: .* at most 241 rows"):
         session.set("tree", "100000")
-    assert session.tree_rows == 0
+    assert session.request.tree_rows == 0
     with pytest.raises(DFlashError, match="at most 241 rows"):
-        ChatSession(Pair.make(target, drafter), tokenizer, tree_rows=300)
+        ChatSession(Pair.make(target, drafter), tokenizer, request=DecodeRequest(tree_rows=300))
 
 
 # -- 4. serve --port -----------------------------------------------------------------------
