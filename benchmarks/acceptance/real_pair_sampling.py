@@ -34,8 +34,9 @@ import numpy as np  # noqa: E402
 from scipy.stats import chisquare  # noqa: E402
 
 from real_pair_tau import prompt_set, with_ids  # noqa: E402
+from tree_tau import decode_steps  # noqa: E402  (the decode loop on a request's plan)
 from dflash2_mlx.device import backend_name  # noqa: E402
-from dflash2_mlx.engine.decode.loop import speculative_generate_step  # noqa: E402
+from dflash2_mlx.engine.request import DecodeRequest  # noqa: E402
 from dflash2_mlx.engine.sampling import SamplingParams  # noqa: E402
 from dflash2_mlx.files import atomic_write_text  # noqa: E402
 from dflash2_mlx.loading.load_pair import load_pair  # noqa: E402
@@ -78,14 +79,14 @@ def sample(pair, ids, method: str, rows: int, samples: int) -> tuple[dict, int, 
     from dflash2_mlx.engine.decode.state import DecodeCache
 
     cache = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
-    list(speculative_generate_step(ids[:-1], pair, max_tokens=1, prompt_cache=cache))
+    list(decode_steps(ids[:-1], pair, DecodeRequest(max_tokens=1, block_size=None), prompt_cache=cache))
     rest = len(ids) - 1
     cache.truncate(rest)  # at rest: ids[:-1] committed, ids[-2] not yet run
     counts, drafted, accepted = {}, 0, 0
-    kw = dict(tree_rows=rows) if method == "tree" else dict(block_size=rows)
+    kw = dict(block_size=None, tree_rows=rows) if method == "tree" else dict(block_size=rows)
     for seed in range(samples):
-        steps = list(speculative_generate_step(ids[-2:], pair, max_tokens=TOKENS, prompt_cache=cache,
-                                               sampling=SamplingParams(1.0, seed=seed), **kw))
+        request = DecodeRequest(max_tokens=TOKENS, sampling=SamplingParams(1.0, seed=seed), **kw)
+        steps = list(decode_steps(ids[-2:], pair, request, prompt_cache=cache))
         cache.truncate(rest)
         tokens = tuple(t for s in steps for t in s.tokens)[:TOKENS]
         counts[tokens] = counts.get(tokens, 0) + 1

@@ -38,9 +38,9 @@ sys.path.insert(0, str(ROOT / "recipes" / "smollm2_drafters"))
 import mlx.core as mx  # noqa: E402
 
 import prompts as recipe_prompts  # noqa: E402  (the recipe's held-out requests)
-from tree_tau import decode, summarize  # noqa: E402  (one speculative run and its τ)
+from tree_tau import decode, decode_steps, summarize  # noqa: E402  (one speculative run and its τ)
 from dflash2_mlx.device import backend_name  # noqa: E402
-from dflash2_mlx.engine.decode.loop import autoregressive_generate_step  # noqa: E402
+from dflash2_mlx.engine.request import DecodeRequest  # noqa: E402
 from dflash2_mlx.files import atomic_write_text  # noqa: E402
 from dflash2_mlx.loading.load_pair import load_pair  # noqa: E402
 from dflash2_mlx.tools.provenance import command_line, provenance  # noqa: E402
@@ -84,7 +84,8 @@ def with_ids(prompts: list[dict], tokenizer) -> list[dict]:
 
 
 def greedy(pair, ids, max_tokens):
-    return [s.tokens[0] for s in autoregressive_generate_step(ids, pair.without_drafter(), max_tokens=max_tokens)]
+    request = DecodeRequest(max_tokens=max_tokens, block_size=None)
+    return [s.tokens[0] for s in decode_steps(ids, pair.without_drafter(), request)]
 
 
 def run(args):

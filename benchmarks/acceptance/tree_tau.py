@@ -29,8 +29,10 @@ import corpus  # noqa: E402  (the built-in target's train / held-out split)
 import mlx.core as mx  # noqa: E402
 
 from dflash2_mlx.device import backend_name  # noqa: E402
-from dflash2_mlx.engine.decode.loop import autoregressive_generate_step, speculative_generate_step  # noqa: E402
+from dflash2_mlx.engine.decode.loop import generate_step  # noqa: E402
 from dflash2_mlx.engine.decode.profile import CycleProfiler  # noqa: E402
+from dflash2_mlx.engine.plan import plan  # noqa: E402
+from dflash2_mlx.engine.request import DecodeRequest  # noqa: E402
 from dflash2_mlx.engine.sampling import SamplingParams  # noqa: E402
 from dflash2_mlx.files import atomic_write_text  # noqa: E402
 from dflash2_mlx.tools.provenance import command_line, provenance  # noqa: E402
@@ -53,12 +55,19 @@ def heldout_prompts(tokenizer, n: int, lines: int, seed: int, tokens: int = 96) 
     return out
 
 
+def decode_steps(prompt, pair, request: DecodeRequest, profiler=None, prompt_cache=None):
+    """The decode loop on `pair` for `request`'s plan (`prompt` continues `prompt_cache`'s tokens, if given)."""
+    history = max(len(prompt_cache.tokens) - 1, 0) if prompt_cache is not None else 0
+    decode = plan(pair, request, prompt_ids=prompt, history=history)
+    return generate_step(prompt, pair, decode, prompt_cache=prompt_cache, profiler=profiler)
+
+
 def decode(pair, prompt, *, rows, tree, temperature, seed, max_tokens, profiler=None):
     sampling = SamplingParams(temperature=temperature, seed=seed)
-    kw = dict(tree_rows=rows) if tree else dict(block_size=rows)
+    # The tree drafts the drafter's fixed block (block_size None); the chain drafts N rows.
+    kw = dict(block_size=None, tree_rows=rows) if tree else dict(block_size=rows)
     t0 = time.perf_counter()
-    steps = list(speculative_generate_step(prompt, pair, max_tokens=max_tokens, sampling=sampling,
-                                           profiler=profiler, **kw))
+    steps = list(decode_steps(prompt, pair, DecodeRequest(max_tokens=max_tokens, sampling=sampling, **kw), profiler))
     seconds = time.perf_counter() - t0
     passes = steps[1:]
     committed = sum(len(s.tokens) for s in passes)
@@ -146,7 +155,8 @@ def main():
 
     pair, tokenizer = load_pair("builtin", args.drafter, activation_dtype=mx.float32)
     prompts = heldout_prompts(tokenizer, args.prompts, args.prompt_lines, args.seed)
-    ar = [[s.tokens[0] for s in autoregressive_generate_step(p, pair.without_drafter(), max_tokens=args.max_tokens)]
+    plain = pair.without_drafter()
+    ar = [[s.tokens[0] for s in decode_steps(p, plain, DecodeRequest(max_tokens=args.max_tokens, block_size=None))]
           for p in prompts]
     comparison, identical, total = [], 0, 0
     for T in (0.0, 1.0):

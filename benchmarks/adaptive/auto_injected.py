@@ -26,6 +26,7 @@ import json
 import platform
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,6 +40,8 @@ from dflash2_mlx.engine.adaptive.costs import ContextCosts, CostTable  # noqa: E
 from dflash2_mlx.engine.adaptive.policy import BlockPolicy  # noqa: E402
 from dflash2_mlx.engine.decode.loop import DecodeCache, generate_step  # noqa: E402
 from dflash2_mlx.engine.decode.state import FixedBlock  # noqa: E402
+from dflash2_mlx.engine.plan import plan  # noqa: E402
+from dflash2_mlx.engine.request import DecodeRequest  # noqa: E402
 
 PLAIN_MS, PLAIN_GROWTH = 6.0, 32768  # a plain step doubles by 32k tokens of context
 VERIFY_ROW = 0.05  # each extra verified row: +5 % of a plain step
@@ -84,11 +87,18 @@ class Charged:
         self.policy.observe(drafted, accepted)
 
 
+def decode_steps(prompt, pair, cache: DecodeCache, policy, max_tokens: int):
+    """The decode loop after `cache`, each cycle's block picked by `policy` (up to the drafter's block)."""
+    decode = plan(pair, DecodeRequest(max_tokens=max_tokens, block_size=None), prompt_ids=prompt,
+                  history=max(len(cache.tokens) - 1, 0))
+    return generate_step(prompt, pair, replace(decode, policy=policy), prompt_cache=cache)
+
+
 def run(pair, cache: DecodeCache, policy, max_tokens: int):
     charged = Charged(policy)
     work = DecodeCache(copy.deepcopy(cache.target), copy.deepcopy(cache.drafter), list(cache.tokens))
     tokens = []
-    for step in generate_step(work.tokens[-1:], pair, max_tokens=max_tokens, policy=charged, prompt_cache=work):
+    for step in decode_steps(work.tokens[-1:], pair, work, charged, max_tokens):
         tokens += step.tokens
     charged.charge()
     return tokens, {"virtual_tps": (len(tokens) - 1) / charged.now,
@@ -114,8 +124,7 @@ def main(argv=None):
         calibrated = ContextCosts({32: table(32), 2048: table(2048)})  # what a calibration would measure
         for context in args.contexts:
             cache = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
-            for _ in generate_step(context_ids(tokenizer, context), pair, max_tokens=1, policy=FixedBlock(1),
-                                   prompt_cache=cache):
+            for _ in decode_steps(context_ids(tokenizer, context), pair, cache, FixedBlock(1), 1):
                 pass
             arms = {"plain": FixedBlock(1), **{f"block_{B}": FixedBlock(B) for B in SIZES},
                     "auto": BlockPolicy(calibrated, pair.max_block_size, AcceptanceEstimate(pair.max_block_size - 1))}

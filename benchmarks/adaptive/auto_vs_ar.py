@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from dflash2_mlx import SamplingParams, load_pair, stream_generate  # noqa: E402
+from dflash2_mlx import DecodeRequest, SamplingParams, load_pair, stream_generate  # noqa: E402
 from dflash2_mlx.device import backend_name  # noqa: E402
 from dflash2_mlx.files import atomic_write_text  # noqa: E402
 from dflash2_mlx.engine.adaptive.calibrate import load_or_calibrate  # noqa: E402
@@ -80,8 +80,8 @@ def run(pair, tokenizer, prompt, arm, calibration, max_tokens):
     block = "auto" if arm != "ar" else None
     use = pair if arm != "ar" else pair.without_drafter()
     out, cpu, steal = [], None, None
-    for r in stream_generate(use, tokenizer, tokenizer.encode(prompt), max_tokens=max_tokens, block_size=block,
-                             calibration=calibration, sampling=SamplingParams()):
+    request = DecodeRequest(max_tokens=max_tokens, sampling=SamplingParams(), block_size=block)
+    for r in stream_generate(use, tokenizer, tokenizer.encode(prompt), request, calibration=calibration):
         out.append(r)
         if cpu is None:  # from the first token on, as generation_tps counts
             cpu, steal = time.process_time(), steal_seconds()

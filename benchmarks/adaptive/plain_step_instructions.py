@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,6 +74,8 @@ def decode(arm: str, n: int, context: int) -> None:
     from dflash2_mlx import load_pair
     from dflash2_mlx.engine.adaptive.policy import AcceptanceEstimate, BlockPolicy, CostTable
     from dflash2_mlx.engine.decode.loop import generate_step
+    from dflash2_mlx.engine.plan import plan
+    from dflash2_mlx.engine.request import DecodeRequest
 
     if context:
         sys.path.insert(0, str(ROOT / "benchmarks" / "long_context"))
@@ -86,15 +89,20 @@ def decode(arm: str, n: int, context: int) -> None:
     else:
         pair, tokenizer = load_pair("builtin", "builtin")
         prompt, cache = tokenizer.encode(PROMPT), None
+    request = DecodeRequest(max_tokens=n, block_size=None)
+    history = max(len(cache.tokens) - 1, 0) if cache is not None else 0
     if arm == "ar":
-        steps = generate_step(prompt, pair.without_drafter(), max_tokens=n, prompt_cache=cache)
+        plain = pair.without_drafter()
+        steps = generate_step(prompt, plain, plan(plain, request, prompt_ids=prompt, history=history),
+                              prompt_cache=cache)
     else:
         # A B-block cycle costs 20 B plain steps: it loses even with the plain scale at 4x and the
         # cycle scale at 0.25x (the bounds), so the clock cannot start a probe.
         losing = CostTable(1.0, {B: 20.0 * B for B in (2, 4, 8, 16)}, {B: 0.0 for B in (2, 4, 8, 16)})
         policy = BlockPolicy(losing, pair.max_block_size, AcceptanceEstimate(pair.max_block_size - 1),
                              clock=time.perf_counter)
-        steps = generate_step(prompt, pair, max_tokens=n, policy=policy, prompt_cache=cache)
+        decode = replace(plan(pair, request, prompt_ids=prompt, history=history), policy=policy)
+        steps = generate_step(prompt, pair, decode, prompt_cache=cache)
     assert sum(len(s.tokens) for s in steps) == n
 
 

@@ -27,7 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import mlx.core as mx  # noqa: E402
 
 from dflash2_mlx.engine.target.caches import RecurrentCache, WindowKVCache  # noqa: E402
-from dflash2_mlx.engine.decode.loop import speculative_generate_step  # noqa: E402
+from dflash2_mlx.engine.decode.loop import generate_step  # noqa: E402
+from dflash2_mlx.engine.plan import plan  # noqa: E402
+from dflash2_mlx.engine.request import DecodeRequest  # noqa: E402
 from dflash2_mlx.device import backend_name  # noqa: E402
 from dflash2_mlx.engine.pair import Pair  # noqa: E402
 from dflash2_mlx.loading.checkpoints import load_target  # noqa: E402
@@ -105,7 +107,8 @@ def measure(root: Path, family: str) -> dict:
     base, _ = load_target(str(folder))
     target = MeasuringTarget(base)
     prompt = [(7 * i) % 300 + 1 for i in range(100)]
-    for _ in speculative_generate_step(prompt, Pair.make(target, drafter), max_tokens=200, block_size=B):
+    pair = Pair.make(target, drafter)
+    for _ in generate_step(prompt, pair, plan(pair, DecodeRequest(max_tokens=200, block_size=B), prompt_ids=prompt)):
         pass
     args, cache = target.args, target.make_cache()
     b = target.activation_dtype.size

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from dflash2_mlx import SamplingParams, load_pair, stream_generate  # noqa: E402
+from dflash2_mlx import DecodeRequest, SamplingParams, load_pair, stream_generate  # noqa: E402
 from dflash2_mlx.device import backend_name  # noqa: E402
 from dflash2_mlx.engine import grammar as grammar_module  # noqa: E402
 from dflash2_mlx.engine.grammar import Grammar  # noqa: E402
@@ -62,9 +62,9 @@ def run(pair, tokenizer, prompt, arm, block, max_tokens, clock):
     use = pair.without_drafter() if arm == "constrained_plain" else pair
     grammar = None if arm == "free_dflash2" else Grammar.json_schema(SCHEMA)
     clock.seconds = 0.0
-    out = list(stream_generate(use, tokenizer, tokenizer.encode(prompt), max_tokens=max_tokens,
-                               block_size=None if arm == "constrained_plain" else block,
-                               sampling=SamplingParams(), grammar=grammar))
+    request = DecodeRequest(max_tokens=max_tokens, sampling=SamplingParams(),
+                            block_size=None if arm == "constrained_plain" else block, grammar=grammar)
+    out = list(stream_generate(use, tokenizer, tokenizer.encode(prompt), request))
     s = out[-1].stats
     decode_s = (len(out) - 1) / s.generation_tps if s.generation_tps else 0.0
     return [r.token for r in out], {

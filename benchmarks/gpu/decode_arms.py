@@ -12,12 +12,14 @@ wanted first, in case time runs out), later rounds rotate it; medians over round
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional, Union
 
 import mlx.core as mx
 
 from dflash2_mlx.engine.decode.loop import generate_step
+from dflash2_mlx.engine.plan import plan
+from dflash2_mlx.engine.request import DecodeRequest
 
 
 @dataclass(frozen=True)
@@ -65,17 +67,20 @@ def run_arm(arm: Arm, pairs: dict, ids: list[int], tokens: int, calibrations: di
         out, tps, _ = timed(mlx_lm_step(mx.array(ids), pair.target.model, max_tokens=tokens),
                             lambda s: [int(s[0])])
         return {"tokens": out, "decode_tps": tps}
-    kwargs = dict(max_tokens=tokens)
+    request, policy = DecodeRequest(max_tokens=tokens, block_size=None), None  # None: the drafter's block
     if arm.block is None and not arm.tree_rows:
         pair = pair.without_drafter()
     elif arm.block == "auto":
-        kwargs["policy"] = calibrations[arm.alpha].policy(pair.max_block_size, clock=time.perf_counter)
+        policy = calibrations[arm.alpha].policy(pair.max_block_size, clock=time.perf_counter)
     elif arm.tree_rows:
-        kwargs["tree_rows"] = arm.tree_rows
+        request = request.replace(tree_rows=arm.tree_rows)
     else:
-        kwargs["block_size"] = arm.block
+        request = request.replace(block_size=arm.block)
+    decode = plan(pair, request, prompt_ids=ids)
+    if policy is not None:
+        decode = replace(decode, policy=policy)
     steps = []
-    out, tps, passes = timed(generate_step(ids, pair, **kwargs), lambda s: (steps.append(s), list(s.tokens))[1])
+    out, tps, passes = timed(generate_step(ids, pair, decode), lambda s: (steps.append(s), list(s.tokens))[1])
     rows = [s.verify_rows for s in steps[1:]]
     return {"tokens": out, "decode_tps": tps, "target_passes": passes - 1,
             "tau": (len(out) - len(steps[0].tokens)) / max(passes - 1, 1),

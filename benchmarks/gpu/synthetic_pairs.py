@@ -19,6 +19,8 @@ from dflash2_mlx.device import backend_name
 from dflash2_mlx.engine.decode.loop import generate_step
 from dflash2_mlx.engine.drafter.model import Drafter
 from dflash2_mlx.engine.pair import Pair
+from dflash2_mlx.engine.plan import plan
+from dflash2_mlx.engine.request import DecodeRequest
 from dflash2_mlx.engine.target.adapter import Target
 from dflash2_mlx.tools.synthetic import drafter_config_dict, random_drafter
 
@@ -51,7 +53,9 @@ def synthetic_target(size: str, quick: bool) -> tuple[Target, dict]:
 
 def greedy_reference(target: Target, ids: list[int], tokens: int) -> list[int]:
     """The target's plain greedy continuation (the engine's plain loop)."""
-    return [t for step in generate_step(ids, Pair.make(target), max_tokens=tokens) for t in step.tokens]
+    pair = Pair.make(target)
+    decode = plan(pair, DecodeRequest(max_tokens=tokens, block_size=None), prompt_ids=ids)
+    return [t for step in generate_step(ids, pair, decode) for t in step.tokens]
 
 
 def scripted_pair(target: Target, config: dict, reference: list[int], prompt_len: int, alpha: float,

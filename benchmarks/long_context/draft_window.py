@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from dflash2_mlx import SamplingParams, stream_generate  # noqa: E402
+from dflash2_mlx import DecodeRequest, SamplingParams, stream_generate  # noqa: E402
 from dflash2_mlx.device import backend_name  # noqa: E402
 from dflash2_mlx.engine.decode.state import DecodeCache  # noqa: E402
 from dflash2_mlx.engine.drafter.context_caches import SINK_ROWS  # noqa: E402
@@ -48,8 +48,9 @@ def run(pair, tokenizer, ids, window, block_size, max_tokens) -> tuple[list[int]
     if window != "ar":
         pair.drafter.set_context_window(window)  # read when the drafter cache is made, next line
     cache = DecodeCache(use.target.make_cache(), use.drafter.make_cache() if use.drafter else None)
-    out = list(stream_generate(use, tokenizer, ids, max_tokens=max_tokens, sampling=SamplingParams(),
-                               block_size=None if window == "ar" else block_size, prompt_cache=cache))
+    request = DecodeRequest(max_tokens=max_tokens, sampling=SamplingParams(),
+                            block_size=None if window == "ar" else block_size)
+    out = list(stream_generate(use, tokenizer, ids, request, prompt_cache=cache))
     s = out[-1].stats
     drafter_bytes = sum(int(c.nbytes) for c in cache.drafter or [])
     return [r.token for r in out], {

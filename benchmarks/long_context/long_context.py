@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 import mlx.core as mx  # noqa: E402
 
-from dflash2_mlx import SamplingParams, load_pair, stream_generate  # noqa: E402
+from dflash2_mlx import DecodeRequest, SamplingParams, load_pair, stream_generate  # noqa: E402
 from dflash2_mlx.device import backend_name  # noqa: E402
 from dflash2_mlx.engine.adaptive.calibrate import load_or_calibrate  # noqa: E402
 from dflash2_mlx.engine.decode.state import DecodeCache  # noqa: E402
@@ -71,7 +71,8 @@ def cache_tier_ttft(pair, tokenizer, ids: list[int], folder: Path, max_tokens: i
         start = time.perf_counter()
         cache, prompt, reuse = pcache.prepare(ids)
         first, tokens = None, []
-        for r in stream_generate(pair, tokenizer, prompt, max_tokens=max_tokens, prompt_cache=cache):
+        request = DecodeRequest(max_tokens=max_tokens, block_size=None)
+        for r in stream_generate(pair, tokenizer, prompt, request, prompt_cache=cache):
             first = first if first is not None else time.perf_counter() - start
             tokens.append(r.token)
         pcache.put(cache)
@@ -117,7 +118,7 @@ def prefilled(pair, tokenizer, ids) -> DecodeCache:
     """Caches holding the context, at rest (every token but the last)."""
     cache = DecodeCache(pair.target.make_cache(), pair.drafter.make_cache())
     tic = time.perf_counter()
-    for _ in stream_generate(pair, tokenizer, ids, max_tokens=1, prompt_cache=cache):
+    for _ in stream_generate(pair, tokenizer, ids, DecodeRequest(max_tokens=1, block_size=None), prompt_cache=cache):
         pass
     cache.truncate(len(ids))
     print(f"  prefilled {len(ids):,} tokens in {time.perf_counter() - tic:.1f} s", flush=True)
@@ -129,8 +130,9 @@ def decode_arm(pair, tokenizer, ids, cache: DecodeCache, arm: str, args, calibra
     block = int(arm.removeprefix("block_")) if arm.startswith("block_") else ("auto" if arm == "auto" else None)
     mx.reset_peak_memory()
     out, first_cpu = [], None
-    for r in stream_generate(use, tokenizer, ids[-1:], max_tokens=args.max_tokens, sampling=SamplingParams(),
-                             block_size=block, calibration=calibration if arm == "auto" else None, prompt_cache=cache):
+    request = DecodeRequest(max_tokens=args.max_tokens, sampling=SamplingParams(), block_size=block)
+    for r in stream_generate(use, tokenizer, ids[-1:], request, calibration=calibration if arm == "auto" else None,
+                             prompt_cache=cache):
         out.append(r)
         first_cpu = time.process_time() if first_cpu is None else first_cpu
     # CPU time from the first token on (what generation_tps counts by the clock): other processes

@@ -51,7 +51,7 @@ def _mlx_lm(spec: dict) -> dict:
 
 
 def _dflash2(spec: dict) -> dict:
-    from dflash2_mlx import Pair, stream_generate
+    from dflash2_mlx import DecodeRequest, Pair, stream_generate
     from dflash2_mlx.loading.checkpoints import load_drafter, load_target
 
     dtype = getattr(mx, spec["dtype"]) if spec.get("dtype") else None
@@ -62,10 +62,10 @@ def _dflash2(spec: dict) -> dict:
     ids = context_ids(tokenizer, spec["context"], spec.get("source"))
     weights = mx.get_active_memory()
     mx.reset_peak_memory()
-    step = {"prefill_step_size": spec["step"]} if spec.get("step") else {}
+    request = DecodeRequest(max_tokens=spec["decode"] + 1, block_size=spec.get("block_size"),
+                            prefill_step_size=spec.get("step") or None)
     out, cpu = [], time.process_time()
-    for r in stream_generate(pair, tokenizer, ids, max_tokens=spec["decode"] + 1,
-                             block_size=spec.get("block_size"), **step):
+    for r in stream_generate(pair, tokenizer, ids, request):
         cpu, first = (cpu, first) if out else (time.process_time() - cpu, time.process_time())
         out.append(r)
     s = out[-1].stats
