@@ -332,6 +332,25 @@ def test_max_tree_rows_follows_the_block_and_top_k(loaded):
     check_tree_rows(Pair.make(target), 10**6)  # no drafter: no tree to bound
 
 
+def test_the_tree_rules_live_in_the_request_and_the_plan(loaded):
+    """0 or at least 2 rows is the request's own rule (no pair needed); what the lattice
+    holds is `plan.fit`'s, told as the request's field."""
+    from dflash2_mlx.engine.plan import fit
+    from dflash2_mlx.engine.request import RequestError
+
+    target, _, drafter = loaded
+    for rows, words in ((1, "tree_rows 1: use 0 for the chain or N >= 2"), (-2, "tree_rows -2 must be at least 0")):
+        with pytest.raises(RequestError, match=words) as e:
+            DecodeRequest(tree_rows=rows)
+        assert e.value.field == "tree_rows"
+    pair = Pair.make(target, drafter)
+    assert fit(pair, DecodeRequest(block_size=None, tree_rows=241)) == (drafter.config.block_size, 241)
+    with pytest.raises(RequestError, match="at most 241 rows") as e:
+        fit(pair, DecodeRequest(tree_rows=242))
+    assert e.value.field == "tree_rows"
+    assert fit(Pair.make(target), DecodeRequest(tree_rows=10**6)) == (1, 0)  # no drafter: plain decoding
+
+
 def test_generate_refuses_tree_100000_at_once(box, paths):
     r = box.run(["generate", *pair_args(paths), "-p", "def f(x):", "--tree", "100000", "--json"])
     line = r.one_error_line()
