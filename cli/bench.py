@@ -108,7 +108,7 @@ def bench(
     ar_draft = _load_ar_draft(draft_model, target) if draft_model else None
     ids = [(p, build_prompt(tokenizer, p.text, system_prompt, not ignore_chat_template, template_kwargs))
            for p in chosen]
-    calibrations = [inputs.calibrate(p, request, ids[0][1], recalibrate)[1] if "auto" in sizes else None
+    calibrations = [inputs.calibrate(p, request, ids[0][1], recalibrate, first=False)[1] if "auto" in sizes else None
                     for p in pairs]
     with ui.RunProgress() as progress:
         record = run_bench(target, tokenizer, ids, pairs=pairs, calibrations=calibrations, draft_model=ar_draft,

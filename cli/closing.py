@@ -52,8 +52,8 @@ def timed_note(message: str, enabled: bool = True):
 
 def measuring_costs(needed: bool):
     """The note `--block-size auto` prints while it measures a pair's decode
-    costs (`options.block_plan`, when there is no calibration cached yet)."""
-    return timed_note("measuring decode costs for this pair, once (--block-size auto)", needed)
+    costs (`inputs.calibrate`, when there is no calibration cached yet)."""
+    return timed_note("measuring decode costs for this pair (--block-size auto)", needed)
 
 
 def builtin_notice(target) -> str:

@@ -104,17 +104,18 @@ def check_drafter_flags(ar: bool, draft_quant: Optional[str], draft_window: Opti
         warnings.warn("--draft-quant and --draft-window do nothing with --ar (no drafter is used)")
 
 
-def calibrate(pair, request, prompt_ids, recalibrate: bool = False, ranks: bool = False):
+def calibrate(pair, request, prompt_ids, recalibrate: bool = False, ranks: bool = False, first: bool = True):
     """(request, calibration) for --block-size auto: this machine's costs for the pair, read
     from the user cache or measured there once (`engine.plan.calibration_for`), with the
-    note the terminal shows while it measures."""
+    note the terminal shows while it measures. `first`: a first estimate (seconds) will do
+    when nothing is cached, so the first answer does not wait minutes for a full one."""
     from dflash2_mlx.engine.plan import calibration_for
 
     from .closing import measuring_costs, note
     from .user_cache import cache_folder
 
     settled = calibration_for(pair, request, cache_folder(), prompt_ids, recalibrate=recalibrate, ranks=ranks,
-                              measuring=lambda: measuring_costs(True))
+                              first=first, measuring=lambda: measuring_costs(True))
     if settled.note is not None:
         note(f"[{settled.note}]")
     return settled.request, settled.calibration

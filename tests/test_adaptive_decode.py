@@ -7,7 +7,8 @@ import mlx.core as mx
 import pytest
 
 from dflash2_mlx.engine.adaptive.policy import AcceptanceEstimate, BlockPolicy, CostTable, Decision
-from dflash2_mlx.engine.adaptive.calibrate import _non_decreasing, calibration_key, load_or_calibrate, long_contexts
+from dflash2_mlx.engine.adaptive.calibrate import calibration_key, load_or_calibrate, long_contexts
+from dflash2_mlx.engine.adaptive.costs import non_decreasing as _non_decreasing
 from dflash2_mlx.engine.decode.loop import DecodeCache, prefill
 from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.engine.request import DecodeRequest

@@ -9,7 +9,8 @@ import pytest
 
 from dflash2_mlx.engine.adaptive.acceptance import AcceptanceEstimate
 from dflash2_mlx.engine.adaptive.batch_policy import BatchCosts, BatchPolicy, SequenceView
-from dflash2_mlx.engine.adaptive.calibrate import BATCH_ROWS, _non_decreasing, target_rows_costs
+from dflash2_mlx.engine.adaptive.calibrate import BATCH_ROWS, target_rows_costs
+from dflash2_mlx.engine.adaptive.costs import non_decreasing as _non_decreasing
 from dflash2_mlx.engine.adaptive.costs import ContextCosts, CostTable
 from dflash2_mlx.engine.adaptive.policy import BlockPolicy
 

@@ -96,28 +96,36 @@ class Calibrated:
 
 
 def calibration_for(pair: Pair, request: DecodeRequest, folder: Optional[Path], prompt_ids: Sequence[int], *,
-                    recalibrate: bool = False, ranks: bool = False,
+                    recalibrate: bool = False, ranks: bool = False, first: bool = False,
                     measuring: Callable[[], ContextManager] = contextlib.nullcontext) -> Calibrated:
     """The calibration `request` needs on `pair`, read from `folder` (or measured
     first, once per machine and pair, and kept there: seconds for a small pair,
-    minutes for a real model on one CPU core). `measuring()` wraps a measurement
-    (a front end shows that it is under way). Ranks of a split target decode the
-    drafter's fixed block: auto decides from each rank's own clock, and ranks
-    that decided differently would wait forever on each other's collectives."""
+    minutes for a real model on one CPU core). `first`: a first estimate will do
+    when nothing is cached (`adaptive.calibrate.first_estimate`: seconds, so a
+    first answer does not wait; the doctor and the server measure fully).
+    `measuring()` wraps a measurement (a front end shows that it is under way).
+    Ranks of a split target decode the drafter's fixed block: auto decides from
+    each rank's own clock, and ranks that decided differently would wait forever
+    on each other's collectives."""
     if pair.drafter is None or not request.auto:
         return Calibrated(request)
     if ranks:
         return Calibrated(request.replace(block_size=None))
     if (request.max_tokens <= 1 or not auto_decides(pair, request.block_size, request.tree_rows)) and not recalibrate:
         return Calibrated(request)  # no cycle will run, or none that auto decides
-    from .adaptive.calibrate import calibration_path, load_or_calibrate
+    from .adaptive.calibrate import load_or_calibrate, read_calibration
 
-    fresh = recalibrate or folder is None or not calibration_path(pair, folder).exists()
+    cached = None if recalibrate or folder is None else read_calibration(pair, folder)
+    fresh = cached is None or not (cached.complete or first)  # something will be measured now
     # A seeded run skips the start-up check: a timing would tie its schedule to the clock.
     with (measuring() if fresh else contextlib.nullcontext()):
-        calibration = load_or_calibrate(pair, folder, prompt_ids, recalibrate, check=not request.sampling.seeded)
+        calibration = load_or_calibrate(pair, folder, prompt_ids, recalibrate, check=not request.sampling.seeded,
+                                        first=first)
     note = None
-    if calibration.rescaled is not None:
+    if fresh and not calibration.complete:
+        note = ("decode costs: a first estimate, corrected as it decodes; `dflash2 doctor` measures them fully "
+                "(minutes for a real model on a CPU)")
+    elif calibration.rescaled is not None:
         note = (f"decode costs rescaled {calibration.rescaled:.2f}x: a plain step timed now disagreed with the "
                 "cached calibration; `dflash2 doctor --recalibrate` measures them again")
     return Calibrated(request, calibration, note)

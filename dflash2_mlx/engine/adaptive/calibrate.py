@@ -24,7 +24,7 @@ import hashlib
 import json
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -35,7 +35,7 @@ from ...errors import DFlashError
 from ...files import atomic_write_text
 from .acceptance import AcceptanceEstimate
 from .batch_policy import BatchCosts, BatchPolicy
-from .costs import ContextCosts, Costs, CostTable, costs_from_dict
+from .costs import ContextCosts, Costs, CostTable, costs_from_dict, non_decreasing
 from .policy import BlockPolicy
 from ..decode.loop import DecodeCache, generate_step
 from ..decode.state import DecodePlan, FixedBlock
@@ -56,6 +56,10 @@ SIZES = (2, 4, 8, 16)
 LONG_CONTEXTS = (2048, 8192)
 # Seconds one measurement (a block size's cycles, a round of batched passes) aims to take.
 MEASURE_BUDGET_S = 2.0
+# A first estimate (`first_estimate`): fewer sizes, the short context only, no rows sweep,
+# and a tenth of the time per measurement, so a first run answers within seconds.
+FIRST_SIZES = (2, 4)
+FIRST_BUDGET_S = 0.2
 # Total rows of the target passes timed for batches; the batch policy interpolates
 # between them and extends the last two linearly.
 BATCH_ROWS = (1, 2, 4, 8, 16, 32, 64)
@@ -70,6 +74,7 @@ class Calibration:
     cached: bool = False  # read from disk rather than measured now
     rescaled: Optional[float] = None  # factor applied after a check of the plain step disagreed
     batch: Optional[BatchCosts] = None  # a batched cycle's parts by total rows (None: made by hand)
+    complete: bool = True  # False: a first estimate (`first_estimate`), measured fully when asked
 
     def policy(self, max_block: int, clock=None) -> BlockPolicy:
         """A fresh policy for one generation, seeded with this calibration
@@ -86,7 +91,8 @@ class Calibration:
         return BatchPolicy(costs, clock=clock)
 
     def to_dict(self) -> dict:
-        d = {"version": VERSION, "key": self.key, "costs": self.costs.to_dict(), "acceptance": self.acceptance}
+        d = {"version": VERSION, "key": self.key, "costs": self.costs.to_dict(), "acceptance": self.acceptance,
+             "complete": self.complete}
         if self.batch is not None:
             d["batch"] = self.batch.to_dict()
         return d
@@ -157,12 +163,12 @@ def _read_prompt(pair: Pair, prompt_ids: Sequence[int]) -> DecodeCache:
     return cache
 
 
-def _cycles_within(cycles: int, cycle_s: float, least: int = 2) -> int:
+def _cycles_within(cycles: int, cycle_s: float, least: int = 2, budget_s: float = MEASURE_BUDGET_S) -> int:
     """How many of `cycles` cycles of about `cycle_s` seconds to time: all of them, or as
-    many as MEASURE_BUDGET_S allows (at least `least`). Where one cycle takes seconds (a
+    many as `budget_s` allows (at least `least`). Where one cycle takes seconds (a
     real model on one CPU core) the full counts took minutes on the first run, and a long
     cycle's timing varies far less than the table needs to tell block sizes apart."""
-    return max(least, min(cycles, int(MEASURE_BUDGET_S / max(cycle_s, 1e-9))))
+    return max(least, min(cycles, int(budget_s / max(cycle_s, 1e-9))))
 
 
 def _read_context(read: DecodeCache, prompt_ids: Sequence[int], n: int) -> DecodeCache:
@@ -187,19 +193,31 @@ def _read_context(read: DecodeCache, prompt_ids: Sequence[int], n: int) -> Decod
 
 
 def measure(pair: Pair, prompt_ids: Sequence[int], sizes: Sequence[int] = SIZES, cycles: int = 6,
-            long: Optional[Sequence[int]] = None) -> Calibration:
+            long: Optional[Sequence[int]] = None, budget_s: float = MEASURE_BUDGET_S,
+            rows: bool = True) -> Calibration:
     """Run the decode loop plainly and at each block size, after the prompt and
-    after each long context (`long`, in tokens; None: `long_contexts`, (): none).
-    A few seconds for each on a small pair; where one cycle takes seconds, each
-    measurement is cut to about MEASURE_BUDGET_S (`_cycles_within`)."""
+    after each long context (`long`, in tokens; None: `long_contexts`, (): none),
+    and (`rows`) time batched target passes by total rows. A few seconds for each
+    on a small pair; where one cycle takes seconds, each measurement is cut to
+    about `budget_s` (`_cycles_within`)."""
     sizes = sorted({B for B in sizes if 2 <= B <= pair.max_block_size} | {2, pair.max_block_size})
     read = _read_prompt(pair, prompt_ids)
-    short, acceptance = _costs_at(pair, prompt_ids, sizes, cycles, read)
+    short, acceptance = _costs_at(pair, prompt_ids, sizes, cycles, read, budget_s)
     tables = {len(prompt_ids): short}
     for n in long_contexts(context_limit(pair.target), len(prompt_ids)) if long is None else long:
-        tables[n], _ = _costs_at(pair, prompt_ids, sizes, cycles, _read_context(read, prompt_ids, n))
-    batch = batch_costs(pair, prompt_ids, tables)
+        tables[n], _ = _costs_at(pair, prompt_ids, sizes, cycles, _read_context(read, prompt_ids, n), budget_s)
+    batch = batch_costs(pair, prompt_ids, tables) if rows else None
     return Calibration(ContextCosts(tables), acceptance, calibration_key(pair), batch=batch)
+
+
+def first_estimate(pair: Pair, prompt_ids: Sequence[int]) -> Calibration:
+    """A first estimate of the costs, in seconds where `measure` takes minutes (a real
+    model on one CPU core): the plain step and the smallest, a small and the largest
+    block after the prompt only, briefly. The policy corrects its level online (its
+    clock) and extends it to longer contexts; `measure` replaces it when asked
+    (`load_or_calibrate`: the doctor, the server, --recalibrate)."""
+    cal = measure(pair, prompt_ids, FIRST_SIZES, cycles=3, long=(), budget_s=FIRST_BUDGET_S, rows=False)
+    return replace(cal, complete=False)
 
 
 def batch_costs(pair: Pair, prompt_ids: Sequence[int], tables: dict[int, CostTable]) -> BatchCosts:
@@ -219,7 +237,7 @@ def batch_costs(pair: Pair, prompt_ids: Sequence[int], tables: dict[int, CostTab
         for B in sorted(set(short.verify) & set(long.verify)):
             grown = long.verify[B] + long.draft[B] - short.verify[B] - short.draft[B]
             per_context[B] = max(grown, 0.0) / span
-        per_context = _non_decreasing(per_context)
+        per_context = non_decreasing(per_context)
     return BatchCosts(target, dict(short.draft), max(short.plain - target[1], 0.0), per_context, contexts[0])
 
 
@@ -256,10 +274,11 @@ def target_rows_costs(pair: Pair, prompt_ids: Sequence[int], rows: Sequence[int]
         if round_ == 0:
             rounds = 1 + _cycles_within(repeats, took, least=1)
         round_ += 1
-    return _non_decreasing(seconds)
+    return non_decreasing(seconds)
 
 
-def _costs_at(pair: Pair, prompt_ids, sizes, cycles: int, cache: Optional[DecodeCache]) -> tuple[CostTable, list]:
+def _costs_at(pair: Pair, prompt_ids, sizes, cycles: int, cache: Optional[DecodeCache],
+              budget_s: float = MEASURE_BUDGET_S) -> tuple[CostTable, list]:
     """The cost table after the prompt (or after what `cache` has read), and the
     acceptance by position seen on the way."""
     plain = statistics.median(_pass_times(pair, prompt_ids, FixedBlock(1), 3 * cycles, prompt_cache=cache)[0])
@@ -268,7 +287,7 @@ def _costs_at(pair: Pair, prompt_ids, sizes, cycles: int, cache: Optional[Decode
     reached, hit = [0] * M, [0] * M
     for B in sizes:
         # A cycle costs at most about B plain steps to verify and as much to draft (one CPU core).
-        times, steps = _pass_times(pair, prompt_ids, FixedBlock(B), _cycles_within(cycles, 2 * B * plain),
+        times, steps = _pass_times(pair, prompt_ids, FixedBlock(B), _cycles_within(cycles, 2 * B * plain, 2, budget_s),
                                    prompt_cache=cache)
         cycle[B] = statistics.median(times)
         for s in steps:
@@ -276,7 +295,8 @@ def _costs_at(pair: Pair, prompt_ids, sizes, cycles: int, cache: Optional[Decode
                 reached[t] += 1
                 hit[t] += t < s.accepted
         profiler = CycleProfiler(timed=True)
-        _pass_times(pair, prompt_ids, FixedBlock(B), _cycles_within(3, 2 * B * plain), profiler, prompt_cache=cache)
+        _pass_times(pair, prompt_ids, FixedBlock(B), _cycles_within(3, 2 * B * plain, 2, budget_s), profiler,
+                    prompt_cache=cache)
         n = profiler.fetches
         verify[B] = profiler.seconds["verify"] / n
         draft[B] = (profiler.seconds["draft"] + profiler.seconds["select"]) / n
@@ -286,25 +306,7 @@ def _costs_at(pair: Pair, prompt_ids, sizes, cycles: int, cache: Optional[Decode
         if r < 4:
             break
         acceptance.append(h / r)
-    return CostTable(plain, verify, draft, _non_decreasing(cycle)), acceptance
-
-
-def _non_decreasing(points: dict[int, float]) -> dict[int, float]:
-    """Least-squares fit that never falls as B grows (pool adjacent violators):
-    a longer block never costs less, so a dip is noise (another process took
-    the machine for a moment) and would mislead the policy."""
-    blocks = [[points[B], 1, [B]] for B in sorted(points)]  # [mean, weight, sizes]
-    i = 0
-    while i < len(blocks) - 1:
-        if blocks[i][0] > blocks[i + 1][0]:
-            a, b = blocks[i], blocks.pop(i + 1)
-            a[0] = (a[0] * a[1] + b[0] * b[1]) / (a[1] + b[1])
-            a[1] += b[1]
-            a[2] += b[2]
-            i = max(i - 1, 0)
-        else:
-            i += 1
-    return {B: mean for mean, _, sizes in blocks for B in sizes}
+    return CostTable(plain, verify, draft, non_decreasing(cycle)), acceptance
 
 
 # A cached plain step this far off a fresh timing (either way) means the machine
@@ -313,9 +315,11 @@ CHECK_TOLERANCE = 1.5
 
 
 def load_or_calibrate(pair: Pair, folder: Optional[Path], prompt_ids: Sequence[int],
-                      recalibrate: bool = False, check: bool = True) -> Calibration:
+                      recalibrate: bool = False, check: bool = True, first: bool = False) -> Calibration:
     """The cached calibration for this pair on this machine, measured (and
     saved under `folder`, when given) if there is none or `recalibrate`.
+    `first`: a first estimate will do (`first_estimate`, measured when nothing
+    is cached); otherwise a cached first estimate is measured fully now.
 
     A cached one is first checked against a few plain steps timed now
     (`check`); when they disagree by more than `CHECK_TOLERANCE` every cost is
@@ -329,11 +333,11 @@ def load_or_calibrate(pair: Pair, folder: Optional[Path], prompt_ids: Sequence[i
         path = calibration_path(pair, folder, key)
         if not recalibrate:
             found = _read(path, key)
-            if found is not None:
+            if found is not None and (found.complete or first):
                 return checked(pair, found, prompt_ids) if check else found
-    cal = measure(pair, prompt_ids)
+    cal = first_estimate(pair, prompt_ids) if first and not recalibrate else measure(pair, prompt_ids)
     path = _save(cal, path)
-    return Calibration(cal.costs, cal.acceptance, key, path, batch=cal.batch)
+    return Calibration(cal.costs, cal.acceptance, key, path, batch=cal.batch, complete=cal.complete)
 
 
 def checked(pair: Pair, cal: Calibration, prompt_ids: Sequence[int], passes: int = 6) -> Calibration:
@@ -344,7 +348,8 @@ def checked(pair: Pair, cal: Calibration, prompt_ids: Sequence[int], passes: int
         return cal
     costs = cal.costs.scaled(factor)
     batch = cal.batch.scaled(factor) if cal.batch is not None else None
-    rescaled = Calibration(costs, cal.acceptance, cal.key, cal.path, cached=True, rescaled=factor, batch=batch)
+    rescaled = Calibration(costs, cal.acceptance, cal.key, cal.path, cached=True, rescaled=factor, batch=batch,
+                           complete=cal.complete)
     _save(rescaled, cal.path)
     return rescaled
 
@@ -368,13 +373,21 @@ def calibration_path(pair: Pair, folder: Path, key: Optional[dict] = None) -> Pa
     return Path(folder).expanduser() / f"calibration-{name}.json"
 
 
+def read_calibration(pair: Pair, folder: Path) -> Optional[Calibration]:
+    """The calibration cached under `folder` for this pair on this machine, if any."""
+    key = calibration_key(pair)
+    return _read(calibration_path(pair, folder, key), key)
+
+
 def _read(path: Path, key: dict) -> Optional[Calibration]:
     """A cached calibration, or None when missing, unreadable or for another key."""
     try:
         record = json.loads(path.read_text())
         if record.get("key") != key:
             return None
+        complete = bool(record.get("complete", True))
+        batch = BatchCosts.from_dict(record["batch"]) if complete else None  # a first estimate has no rows sweep
         return Calibration(costs_from_dict(record["costs"]), [float(a) for a in record["acceptance"]],
-                           key, path, cached=True, batch=BatchCosts.from_dict(record["batch"]))
+                           key, path, cached=True, batch=batch, complete=complete)
     except (OSError, ValueError, KeyError, TypeError):
         return None

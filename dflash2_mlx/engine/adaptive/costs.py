@@ -140,3 +140,21 @@ def costs_from_dict(d: dict) -> Costs:
     if "by_context" in d:
         return ContextCosts({int(c): CostTable.from_dict(t) for c, t in d["by_context"].items()})
     return CostTable.from_dict(d)
+
+
+def non_decreasing(points: dict[int, float]) -> dict[int, float]:
+    """Least-squares fit that never falls as B grows (pool adjacent violators):
+    a longer block never costs less, so a dip is noise (another process took
+    the machine for a moment) and would mislead the policy."""
+    blocks = [[points[B], 1, [B]] for B in sorted(points)]  # [mean, weight, sizes]
+    i = 0
+    while i < len(blocks) - 1:
+        if blocks[i][0] > blocks[i + 1][0]:
+            a, b = blocks[i], blocks.pop(i + 1)
+            a[0] = (a[0] * a[1] + b[0] * b[1]) / (a[1] + b[1])
+            a[1] += b[1]
+            a[2] += b[2]
+            i = max(i - 1, 0)
+        else:
+            i += 1
+    return {B: mean for mean, _, sizes in blocks for B in sizes}
