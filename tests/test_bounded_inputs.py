@@ -374,7 +374,7 @@ def test_chat_set_tree_is_bounded_too(loaded):
 
     target, tokenizer, drafter = loaded
     session = ChatSession(Pair.make(target, drafter), tokenizer)
-    with pytest.raises(DFlashError, match="tree_rows 100,000: .* at most 241 rows"):
+    with pytest.raises(DFlashError, match="^tree 100,000: .* at most 241 rows"):
         session.set("tree", "100000")
     assert session.request.tree_rows == 0
     with pytest.raises(DFlashError, match="at most 241 rows"):

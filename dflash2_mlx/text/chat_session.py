@@ -15,7 +15,7 @@ from ..engine.adaptive.policy import auto_decides
 from ..engine.decode.loop import DecodeCache
 from ..engine.pair import Pair
 from ..engine.plan import fit
-from ..engine.request import DecodeRequest
+from ..engine.request import DecodeRequest, RequestError
 from ..errors import DFlashError
 from .context import check_context
 from .generate import GenerationResponse, stream_generate
@@ -110,14 +110,18 @@ class ChatSession:
             value = SETTINGS[name](raw)
         except ValueError:
             raise DFlashError(f"/set {name} needs {_A_TYPE.get(SETTINGS[name], SETTINGS[name].__name__)}, not '{raw}'") from None
-        if name in ("temp", "top_p", "top_k", "min_p"):
-            field = {"temp": "temperature"}.get(name, name)
-            request = self.request.replace(sampling=replace(self.request.sampling, **{field: value}))
-        else:  # checked as any request is, then against this pair's drafter
-            request = self.request.replace(**{{"tree": "tree_rows"}.get(name, name): value})
         if name == "block_size" and self.drafter is None:
             raise DFlashError("block size does nothing with plain decoding (no drafter)")
-        fit(self.pair, request)
+        try:
+            if name in ("temp", "top_p", "top_k", "min_p"):
+                field = {"temp": "temperature"}.get(name, name)
+                request = self.request.replace(sampling=replace(self.request.sampling, **{field: value}))
+            else:  # checked as any request is, then against this pair's drafter
+                request = self.request.replace(**{{"tree": "tree_rows"}.get(name, name): value})
+            fit(self.pair, request)
+        except RequestError as e:  # told with the setting's name, as typed after /set
+            text = str(e)
+            raise DFlashError(name + text[len(e.field):] if text.startswith(e.field) else text) from None
         self.request = request
         return f"{name} = {value}"
 
