@@ -84,6 +84,9 @@ class CachedContext:
             kc = vc = None
         window = attn.sliding_window
         if window is None:
+            if isinstance(cache, SinkWindowCache) and kc is not None:  # --draft-window N
+                kc, vc, mask = _bucketed(kc, vc, None, block, cache.sink + cache.size)
+                return kc, vc, cache.offset, mask
             if kc is None or not isinstance(cache, BucketedKVCache):
                 return kc, vc, cache.offset, None
             # The context padded to its bucket, the padding masked: the block's key length
@@ -93,12 +96,14 @@ class CachedContext:
             mask = mx.concatenate([mx.broadcast_to(context, (block, context.size)),
                                    mx.ones((block, block), mx.bool_)], axis=1)
             return kc, vc, cache.offset, mask
-        if kc is not None:
-            # Row 0 sees the last W - 1 context rows; the mask takes one more
-            # from each later row (window.py).
-            kc, vc = kc[:, :, -(window - 1) :], vc[:, :, -(window - 1) :]
-        rows = 0 if kc is None else kc.shape[2]
-        return kc, vc, cache.offset, decode_window_mask(rows, cache.offset, block, window)
+        if kc is None:
+            return kc, vc, cache.offset, decode_window_mask(0, cache.offset, block, window)
+        # Row 0 sees the last W - 1 context rows; the mask takes one more
+        # from each later row (window.py).
+        kc, vc = kc[:, :, -(window - 1) :], vc[:, :, -(window - 1) :]
+        kc, vc, mask = _bucketed(kc, vc, decode_window_mask(kc.shape[2], cache.offset, block, window), block,
+                                 window - 1)
+        return kc, vc, cache.offset, mask
 
     @staticmethod
     def with_block(kc, vc, kb: mx.array, vb: mx.array):
@@ -243,3 +248,22 @@ class Drafter(nn.Module):
             attn = layer.self_attn
             k, v = attn.keys_values(context, c.offset)
             c.update_and_fetch(k, v)
+
+
+def _bucketed(kc: mx.array, vc: mx.array, mask, block: int, most: int):
+    """A window cache's context rows (at most `most` once it is full) while it fills:
+    padded with zero rows to whole buckets (at most `most`), the padding masked off, so
+    the block's key length changes once per bucket rather than every cycle, as a
+    `BucketedKVCache`'s does (kv_buckets.py). `mask`: the block's mask over
+    [context, block] (None: every key visible). Returns (keys, values, mask)."""
+    rows = kc.shape[2]
+    pad = min(bucket(rows), most) - rows
+    if pad <= 0:
+        return kc, vc, mask
+    zeros = mx.zeros((*kc.shape[:2], pad, kc.shape[3]), kc.dtype)
+    kc = mx.concatenate([kc, zeros], axis=2)
+    vc = mx.concatenate([vc, mx.zeros((*vc.shape[:2], pad, vc.shape[3]), vc.dtype)], axis=2)
+    if mask is None:
+        mask = mx.ones((block, rows + block), mx.bool_)
+    hidden = mx.zeros((block, pad), mx.bool_)
+    return kc, vc, mx.concatenate([mask[:, :rows], hidden, mask[:, rows:]], axis=1)

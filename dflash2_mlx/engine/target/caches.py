@@ -22,7 +22,7 @@ from typing import Optional
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache
 
-from ..kv_buckets import grow_buffers
+from ..kv_buckets import bucket, grow_buffers, padded_pass
 from ..window import window_visible
 
 
@@ -99,6 +99,14 @@ class WindowKVCache:
     def _is_long(self, N: int) -> bool:
         return N > self.room
 
+    def _presented(self, end: int, N: int) -> int:
+        """Keys a write of N rows ending at position `end` attends over: the ring's
+        rows, or, for a multi-row pass while the ring fills, its buffer in whole
+        buckets (the empty slots masked off), so the key length changes once per
+        bucket rather than every cycle until the ring is full (kv_buckets.py)."""
+        K = min(end, self.capacity)
+        return min(bucket(K), self.capacity) if padded_pass(N) and not self._is_long(N) else K
+
     def _reserve(self, rows: int, keys: mx.array, values: mx.array) -> None:
         size = 0 if self.keys is None else self.keys.shape[2]
         if size < rows:
@@ -139,7 +147,8 @@ class WindowKVCache:
         self._high = max(self._high, self.offset)
         if out_k is not None:
             return out_k, out_v
-        return self.keys_and_values()
+        K = self._presented(self.offset, S)
+        return self.keys[..., :K, :], self.values[..., :K, :]
 
     def keys_and_values(self):
         K = min(self.offset, self.capacity)
@@ -152,17 +161,19 @@ class WindowKVCache:
             earlier = self._earlier_positions(o)
             return mx.arange(earlier.start, o + N)
         end = o + N
-        s = mx.arange(min(end, self.capacity))
-        # Slot s holds the newest position <= end - 1 congruent to s; older or
-        # stale rows get positions outside every query's window.
-        return s + self.capacity * ((end - 1 - s) // self.capacity)
+        s = mx.arange(self._presented(end, N))
+        # Slot s holds the newest position <= end - 1 congruent to s; older or stale
+        # rows get positions outside every query's window, and so do slots past `end`
+        # before the ring has filled (empty, or a bucket's padding).
+        held = s + self.capacity * ((end - 1 - s) // self.capacity)
+        return held if end >= self.capacity else mx.where(s < end, held, -(2**30))
 
     def make_mask(self, N: int, window_size: Optional[int] = None, return_array: bool = False):
         window = window_size or self.window
         if window > self.window:
             raise ValueError(f"mask window {window} is wider than the cache window {self.window}")
         o = self.offset
-        if o + N <= window and not return_array:
+        if o + N <= window and not return_array and self._presented(o + N, N) == o + N:
             # Nothing has left the window yet (and nothing is stale): the same
             # masks mlx-lm's caches give.
             return None if N == 1 else "causal"
