@@ -19,10 +19,10 @@ _ROOT = Path(tempfile.mkdtemp(prefix="dflash2-tests-"))
 
 
 @lru_cache(maxsize=None)
-def target_folder(family: str = "qwen3", quantize_bits=None, tie: bool = True) -> Path:
-    folder = _ROOT / f"target-{family}-{quantize_bits}-{tie}"
+def target_folder(family: str = "qwen3", quantize_bits=None, tie: bool = True, dtype: str = "float32") -> Path:
+    folder = _ROOT / (f"target-{family}-{quantize_bits}-{tie}" + ("" if dtype == "float32" else f"-{dtype}"))
     if not folder.exists():
-        write_target(folder, family, quantize_bits=quantize_bits, tie_word_embeddings=tie)
+        write_target(folder, family, quantize_bits=quantize_bits, tie_word_embeddings=tie, dtype=getattr(mx, dtype))
     return folder
 
 
@@ -44,11 +44,13 @@ def load_pair_for(family="qwen3", kind="dflash2", quantize_bits=None, **cfg):
     return target, tokenizer, drafter
 
 
-def decode_steps(prompt, pair, request=None, *, policy=None, tokenizer=None, **loop):
+def decode_steps(prompt, pair, request=None, *, policy=None, tokenizer=None, tree_only=False, **loop):
     """The decode loop (`generate_step`) on `pair` for `request` (default: greedy, 256
     tokens, the drafter's fixed block): its plan, with `policy` in place of the plan's
-    block policy when given (`tokenizer`: for a grammar). `loop`: generate_step's
-    prompt_cache, profiler, prompt_progress_callback."""
+    block policy when given (`tokenizer`: for a grammar; `tree_only`: a sampled tree request
+    verifies its tree every cycle, as a test of the tree's own rule needs, instead of
+    measuring it against the chain). `loop`: generate_step's prompt_cache, profiler,
+    prompt_progress_callback."""
     from dataclasses import replace
 
     from dflash2_mlx.engine.decode.loop import generate_step
@@ -63,6 +65,8 @@ def decode_steps(prompt, pair, request=None, *, policy=None, tokenizer=None, **l
     decode = plan(pair, request, prompt_ids=ids, history=history, tokenizer=tokenizer)
     if policy is not None:
         decode = replace(decode, policy=policy)
+    if tree_only:
+        decode = replace(decode, shape=None)
     return generate_step(prompt, pair, decode, **loop)
 
 

@@ -38,7 +38,7 @@ def _tree(target, drafter, settings, rows):
     def gen(seed):
         s = SamplingParams(settings.temperature, settings.top_p, settings.top_k, settings.min_p, seed)
         return decode_steps(PROMPT, Pair.make(target, drafter),
-                            DecodeRequest(max_tokens=3, sampling=s, block_size=None, tree_rows=rows))
+                            DecodeRequest(max_tokens=3, sampling=s, block_size=None, tree_rows=rows), tree_only=True)
     return gen
 
 
@@ -127,7 +127,7 @@ def _spine_picks(target, drafter, settings, monkeypatch):
     for seed in range(PIT_SEQUENCES):
         s = SamplingParams(settings.temperature, settings.top_p, settings.top_k, settings.min_p, seed)
         request = DecodeRequest(max_tokens=PIT_TOKENS, sampling=s, block_size=None, tree_rows=7)
-        for _ in decode_steps(PROMPT, Pair.make(target, drafter), request):
+        for _ in decode_steps(PROMPT, Pair.make(target, drafter), request, tree_only=True):
             pass
     return picks_at
 

@@ -26,6 +26,7 @@ from .pair import Pair
 from .request import DecodeRequest, RequestError
 from .target.context import check_context
 from .tree.cycle import tree_rows_for
+from .tree.shape import ShapeChoice
 
 __all__ = ["DecodePlan", "plan", "calibration_for", "Calibrated"]
 
@@ -55,8 +56,10 @@ def plan(pair: Pair, request: DecodeRequest, calibration=None, *, prompt_ids: Se
     rule = None
     if grammar is not None or request.logits_processors or request.top_logprobs is not None:
         rule = RowRule(request.logits_processors, grammar, request.top_logprobs)
+    # Sampled, a tree can commit less than the chain of its rows: measured per cycle (tree/shape.py).
+    shape = ShapeChoice() if tree and not request.sampling.greedy else None
     return DecodePlan(request, max_tokens, block, auto, policy, tree,
-                      batch_decides=auto and not request.sampling.seeded, grammar=grammar, rule=rule)
+                      batch_decides=auto and not request.sampling.seeded, grammar=grammar, rule=rule, shape=shape)
 
 
 def fit(pair: Pair, request: DecodeRequest) -> tuple[int, int]:

@@ -117,6 +117,7 @@ class BatchDecoder:
             groups = [(None, s.cache.target) for s in seqs]
         else:
             blocks, chosen = self._blocks(seqs)
+            blocks = [s.cycle_shape(b)[1] if b > 1 else b for s, b in zip(seqs, blocks)]
             keys = [s.next_keys(b > 1) for s, b in zip(seqs, blocks)]
             drafts = self._draft(seqs, blocks, keys)
             groups = [_group(s, d) for s, d in zip(seqs, drafts)]
@@ -205,7 +206,7 @@ class BatchDecoder:
                              [seqs[i].pending.take() for i in idx], [seqs[i].cache.drafter for i in idx])
         for i, (hidden, logits) in zip(idx, drafted):
             s, (k_draft, k_accept) = seqs[i], keys[i]
-            if s.tree_rows:
+            if s.tree_now:
                 out[i] = plan_tree(pair, s.anchor, hidden, logits, rows=s.tree_rows, sampling=s.sampling,
                                    key=k_accept, rule=s.rule, profiler=s.profiler)
             elif s.grammar is None:

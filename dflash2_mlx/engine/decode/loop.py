@@ -56,9 +56,10 @@ def generate_step(
                 run.commit(outcome, plain=True, decided=True)
             else:
                 k_draft, k_accept = run.next_keys(True)
-                cycle = dict(block=run.choice.block, sampling=run.sampling, transform=run.transform, left=run.left,
+                tree, block = run.cycle_shape(run.choice.block)
+                cycle = dict(block=block, sampling=run.sampling, transform=run.transform, left=run.left,
                              profiler=profiler)
-                if run.tree_rows:
+                if tree:
                     outcome = tree_cycle(pair, cache, run.anchor, run.pending.take(), rows=run.tree_rows, key=k_accept,
                                          rule=rule, **cycle)
                 else:

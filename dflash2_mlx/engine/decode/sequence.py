@@ -41,6 +41,7 @@ class SequenceRun:
         self.sample = token_sampler(self.sampling, self.transform)
         self.rule, self.grammar, self.policy = plan.rule, plan.grammar, plan.policy
         self.tree_rows = plan.tree_rows
+        self.tree_now = False  # the drafted cycle under way verifies a tree
         self.key, self.prefill_key = split_key(make_key(self.sampling))
         self.pending = PendingFeatures()  # the prompt's rows join when its prefill ends
         self.left = plan.max_tokens
@@ -71,6 +72,13 @@ class SequenceRun:
         self.key, sub = split_key(self.key)
         return sub, None
 
+    def cycle_shape(self, block: int) -> tuple[bool, int]:
+        """(tree, block) of the next drafted cycle of `block`: a tree request verifies its
+        tree or, sampled, the chain of the same rows where that committed more so far
+        (the plan's `shape`, engine/tree/shape.py); a chain request its block."""
+        self.tree_now = bool(self.tree_rows) and (self.plan.shape is None or self.plan.shape.next_is_tree())
+        return self.tree_now, block if self.tree_now or not self.tree_rows else min(self.tree_rows, block)
+
     def decide_before_commit(self) -> Optional[Choice]:
         """A plain step's token is not committed yet: decide what follows it now
         (tokens left after it, the context before it)."""
@@ -92,6 +100,8 @@ class SequenceRun:
             self.pending.flush(drafter, self.cache)
         if outcome.drafted:
             self.policy.observe(outcome.drafted, outcome.accepted)
+            if self.plan.shape is not None:
+                self.plan.shape.observe(self.tree_now, len(outcome.tokens))
         self.left -= len(outcome.tokens)
         self.anchor = outcome.tokens[-1]
         if not decided:  # a plain step decides from the context before it (as decide_before_commit)

@@ -104,6 +104,8 @@ class DecodePlan:
     batch_decides: bool  # in a batch, the batch policy picks this sequence's block each cycle
     grammar: Optional[GrammarState]
     rule: Optional[RowRule]  # None: the target's rows are decoded as they are
+    # A sampled tree's shape per cycle, the tree or the chain of its rows (tree/shape.py); None: the tree.
+    shape: object = None
 
     @property
     def sampling(self) -> SamplingParams:
