@@ -49,6 +49,31 @@ def test_the_probe_is_bitwise_on_a_tiny_pair(bits):
     assert found.rows == drafter.config.block_size == found.argmax_agreed
 
 
+def test_the_probe_checks_that_the_same_verify_repeats(tiny_pair, monkeypatch):
+    """Run to run: the same verify twice after a context past 256 keys gives the same logits
+    on the CPU backend; a backend that does not (cuDNN's decode attention past 256 keys) is
+    reported in the line users see and in the record."""
+    from dflash2_mlx.engine.adaptive import exactness
+
+    assert exactness.repeatable(tiny_pair, PROMPT_IDS, 8)
+    found = probe(tiny_pair, PROMPT_IDS)
+    assert found.deterministic and "not deterministic" not in found.line()
+    real = tiny_pair.target.forward_undoable
+    calls = []
+
+    def drifting(tokens, cache, layer_ids):  # a backend whose second pass differs in the last bits
+        logits, features, undo = real(tokens, cache, layer_ids)
+        calls.append(1)
+        return logits * (1 + 1e-6 * (len(calls) % 2)), features, undo
+
+    monkeypatch.setattr(tiny_pair.target, "forward_undoable", drifting)
+    assert not exactness.repeatable(tiny_pair, PROMPT_IDS, 8)
+    odd = found.__class__(True, 0.0, 8, 8, deterministic=False)
+    for greedy in (True, False):
+        assert "not deterministic: the same verify twice gave other logits" in odd.line(greedy)
+    assert odd.report()["deterministic"] is False
+
+
 # -- the verdict function -----------------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
 
 import verdicts  # noqa: E402  (benchmarks/gpu/verdicts.py)
 
-SECTIONS = {"environment", "steps", "decode", "verify", "cycle", "serve", "kernels", "verdicts"}
+SECTIONS = {"environment", "steps", "decode", "verify", "cycle", "serve", "kernels", "pitfalls", "verdicts"}
 SCRIPTED = [f"{arm} alpha {a}" for a in (0.8, 0.6) for arm in ("block 2", "block 4", "block 8", "block 16", "tree 8",
                                                                   "auto")]
 ARMS = {"builtin": {"plain", "mlx_lm", "block 2", "block 4", "block 8", "block 16", "tree 8", "auto"},
@@ -32,6 +32,10 @@ def test_cpu_dry_run_writes_every_section_and_parity_per_row(tmp_path):
     env_ = record["environment"]
     assert env_["quick"] and env_["backend"] == "cpu" and env_["mlx_version"] and env_["device_name"]
     assert all(s["status"] == "done" for name, s in record["steps"].items() if name != "total"), record["steps"]
+    pitfalls = record["pitfalls"]  # the 4-bit target's rows padded to 8 or not, cuDNN off, the verify twice
+    assert set(pitfalls["rows"]) == {str(R) for R in range(1, 17)} and set(pitfalls["cudnn_off"]) == set(pitfalls["rows"])
+    assert all(r["ms"] > 0 and r["padded_ms"] > 0 for r in pitfalls["rows"].values())
+    assert pitfalls["deterministic"] and all(pitfalls["deterministic"].values())  # the CPU backend repeats itself
     for pair, arms in ARMS.items():
         rows = record["decode"][pair]["rows"]
         keys = {r["arm"] if r["alpha"] is None else f"{r['arm']} alpha {r['alpha']}" for r in rows}

@@ -14,7 +14,9 @@ or runs out of time takes nothing else with it; the JSON keeps what came before)
                     with greedy parity against plain decoding (pair_step.py);
   serve             benchmarks/serve/serve.py: dflash2 serve (auto), --ar and
                     mlx_lm.server at 1, 4 and 8 clients on the built-in pair;
-  kernels           benchmarks/decode/kernels.py: the fused kernels against their twins.
+  kernels           benchmarks/decode/kernels.py: the fused kernels against their twins;
+  pitfalls          MLX CUDA's: a 4-bit target's verify padded to 8 rows or not, cuDNN
+                    attention off, the same verify twice (pitfalls.py).
 One JSON holds everything: environment, each step's status and time, the
 sections, and `verdicts` (verdicts.py): the must-show ratios as pass / fail /
 n/a with their numbers, recomputed at every write.
@@ -53,7 +55,10 @@ ROOT = HERE.parents[1]
 #   kernels       a few seconds at the default sizes.
 # A step starts nothing new past its budget and is killed GRACE_S later; budgets are cut to
 # what is left of TOTAL_S, so the check ends by about TOTAL_S (< 8 minutes).
-STEPS = [("pair 6b", 150, 60), ("pair 1b", 85, 60), ("pair builtin", 60, 60), ("serve", 90, 90), ("kernels", 30, 60)]
+#   pitfalls      the ~1B target at 4 bits: passes of 1..16 rows against padded to 8, the same with
+#                 cuDNN attention off (a child process), the same verify twice (pitfalls.py), ~40 s.
+STEPS = [("pair 6b", 140, 60), ("pair 1b", 85, 60), ("pair builtin", 60, 60), ("serve", 90, 90), ("kernels", 30, 60),
+         ("pitfalls", 45, 60)]
 TOTAL_S = 450  # the whole check; the device call adds the install (gpu-stage.sh) before it
 GRACE_S = 20  # past a step's budget before it is killed (its own deadline stops new work first)
 
@@ -103,6 +108,9 @@ def step_command(name: str, out: Path, quick: bool, budget: float, scratch: Path
         cmd = [py, str(HERE / "check.py"), "--json", str(out), "--step", "pair", "--pair", name[5:],
                "--budget-s", f"{budget:.0f}"]
         return cmd + (["--quick"] if quick else []), ROOT, None
+    if name == "pitfalls":
+        return [py, str(HERE / "pitfalls.py"), "--json", str(scratch / "pitfalls.json"), "--budget-s", f"{budget:.0f}",
+                *(["--quick"] if quick else [])], ROOT, scratch / "pitfalls.json"
     if name == "kernels":
         sizes = ["--repeats", "2", "--warmup", "1", "--vocab", "4096", "--hidden", "256"] if quick else []
         return [py, str(ROOT / "benchmarks" / "decode" / "kernels.py"), *sizes, "--json", str(scratch / "kernels.json")], \

@@ -9,11 +9,14 @@ greedy continuation of B rows (B: the pair's largest block) both ways through th
 target, as the decode loop calls it, and `compare_logits` gives the verdict. It is a
 fact of the machine and the pair, so it is cached beside the calibration
 (calibrate.py), keyed like it plus the MLX version; the caller chooses the folder.
+The probe also runs the same verify twice after a context past 256 keys
+(`repeatable`): cuDNN's decode attention past 256 keys is not deterministic run to
+run (MLX CUDA), and a backend whose same pass gives other logits is reported so.
 """
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -25,12 +28,15 @@ from ...files import atomic_write_text
 from ..pair import Pair
 from .calibrate import calibration_key
 
-VERSION = 1
+VERSION = 2
 BITWISE = "bitwise"
 ROUNDING = "equal up to the backend's kernel rounding"
 # The probe is about kernels, not context: a short prompt keeps it well under a second.
 PROMPT_TOKENS = 64
 PLAIN_ROWS = 16  # rows probed for a pair without a drafter (it never runs a block)
+# Context of the run-to-run check: past 256 keys, where cuDNN's decode engine stops being
+# deterministic (MLX CUDA's scaled_dot_product_attention).
+REPEAT_CONTEXT = 320
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,7 @@ class Exactness:
     key: dict = field(default_factory=dict)  # what the verdict is valid for
     path: Optional[Path] = None  # where it is cached, if anywhere
     cached: bool = False  # read from disk rather than probed now
+    deterministic: bool = True  # the same verify twice gave the same logits (`repeatable`)
 
     @property
     def verdict(self) -> str:
@@ -61,19 +68,21 @@ class Exactness:
             head = (f"{ROUNDING}: a {self.rows}-row verify differs from one-by-one decoding by up to "
                     f"{self.max_abs_diff:.2g} in a logit ({agreed})")
             tail = "so greedy output can drift from plain decoding where two tokens nearly tie"
+        note = ("" if self.deterministic else "; and this backend is not deterministic: the same verify twice "
+                "gave other logits, so two runs of one command can differ")
         if not greedy:
-            return f"{head}; at temperature > 0 the output is equal in distribution, not token for token"
-        return f"{head}, {tail}"
+            return f"{head}; at temperature > 0 the output is equal in distribution, not token for token{note}"
+        return f"{head}, {tail}{note}"
 
     def report(self, greedy: bool = True) -> dict:
         """The verdict as a JSON record carries it (`stats.exactness`, compare, doctor)."""
         return {"verdict": self.verdict, "max_abs_diff": self.max_abs_diff, "rows": self.rows,
-                "argmax_agreed": self.argmax_agreed, "cached": self.cached,
+                "argmax_agreed": self.argmax_agreed, "deterministic": self.deterministic, "cached": self.cached,
                 "path": str(self.path) if self.path else None, "message": self.line(greedy)}
 
     def to_dict(self) -> dict:
         return {"version": VERSION, "key": self.key, "verdict": self.verdict, "max_abs_diff": self.max_abs_diff,
-                "rows": self.rows, "argmax_agreed": self.argmax_agreed}
+                "rows": self.rows, "argmax_agreed": self.argmax_agreed, "deterministic": self.deterministic}
 
 
 def compare_logits(block, steps) -> Exactness:
@@ -109,7 +118,22 @@ def probe(pair: Pair, prompt_ids: Sequence[int], rows: Optional[int] = None) -> 
         token = int(mx.argmax(logits[0, -1]).item())
     logits, _, _ = target.forward_undoable(mx.array([tokens], dtype=mx.int32), block, pair.layer_ids)  # as a verify
     # float32 holds every bf16 / fp16 value exactly, so bits equal there are bits equal here.
-    return compare_logits(np.array(logits[0].astype(mx.float32)), np.array(mx.stack(stepped).astype(mx.float32)))
+    found = compare_logits(np.array(logits[0].astype(mx.float32)), np.array(mx.stack(stepped).astype(mx.float32)))
+    return replace(found, deterministic=repeatable(pair, prompt_ids, rows))
+
+
+def repeatable(pair: Pair, prompt_ids: Sequence[int], rows: int, context: int = REPEAT_CONTEXT) -> bool:
+    """Whether the same verify of `rows` rows after `context` tokens (the prompt repeated),
+    each time from a fresh prefill, gives bitwise the same logits twice."""
+    target, ids = pair.target, list(prompt_ids)
+    ids = (ids * (context // max(len(ids), 1) + 1))[: context + rows]
+    outs = []
+    for _ in range(2):
+        cache = target.make_cache()
+        mx.eval(target(mx.array([ids[:context]], dtype=mx.int32), cache, (), last_logits_only=True)[0])
+        logits, _, _ = target.forward_undoable(mx.array([ids[context:]], dtype=mx.int32), cache, pair.layer_ids)
+        outs.append(np.array(logits[0].astype(mx.float32)).tobytes())
+    return outs[0] == outs[1]
 
 
 def exactness_key(pair: Pair, rows: int) -> dict:
@@ -140,7 +164,7 @@ def load_or_probe(pair: Pair, folder: Optional[Path], prompt_ids: Sequence[int],
             atomic_write_text(path, json.dumps({**found.to_dict(), "key": key}, indent=1) + "\n")
         except DFlashError:  # a cache that cannot be written only costs a probe next time
             path = None
-    return Exactness(found.bitwise, found.max_abs_diff, found.rows, found.argmax_agreed, key, path)
+    return replace(found, key=key, path=path)
 
 
 def _read(path: Path, key: dict) -> Optional[Exactness]:
@@ -150,6 +174,7 @@ def _read(path: Path, key: dict) -> Optional[Exactness]:
         if record.get("key") != key:
             return None
         return Exactness(record["verdict"] == BITWISE, float(record["max_abs_diff"]), int(record["rows"]),
-                         int(record["argmax_agreed"]), key, path, cached=True)
+                         int(record["argmax_agreed"]), key, path, cached=True,
+                         deterministic=bool(record["deterministic"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
