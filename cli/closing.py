@@ -95,6 +95,8 @@ def closing_lines(stats: GenerationStats, exactness: str | None = None) -> list[
         spent = (f", {1e3 * stats.collective_s_per_pass:.2f} ms in them per pass"
                  if stats.collective_s_per_pass is not None else "")
         lines.append(f"[target split over {stats.ranks} ranks: {stats.collectives_per_pass:g} collectives per pass{spent}]")
+        if stats.split_parity:
+            lines.append(f"[ranks: {stats.split_parity}]")
     if exactness:
         lines.append(f"[exactness: {exactness}]")
     return lines

@@ -37,9 +37,16 @@ CASES = {
     "qwen3_next": [("dflash2", 6, 1.0), ("dflash", 12, 0.0)],
 }
 MAX_TOKENS = 16
+# A bfloat16 target (the dtype real checkpoints ship in): the ranks round their split sums
+# to bf16, so it is held to the stated logits bound, not to token identity.
+BF16 = "qwen3-bfloat16"
 
 
 def _spec(family: str) -> dict:
+    if family == BF16:
+        return {"target": str(target_folder("qwen3", dtype="bfloat16")),
+                "drafters": {kind: str(drafter_folder("qwen3", kind)) for kind in ("dflash", "dflash2")},
+                "cases": [], "max_tokens": MAX_TOKENS}
     return {
         "target": str(target_folder(family, tie=family != "qwen3_5")),
         "drafters": {kind: str(drafter_folder(family, kind)) for kind in ("dflash", "dflash2")},
@@ -58,7 +65,7 @@ def _env() -> dict:
 def sharded_runs(tmp_path_factory):
     """One two-rank launch runs every family's cases (a launch costs seconds)."""
     folder = tmp_path_factory.mktemp("sharded")
-    specs = {family: _spec(family) for family in CASES}
+    specs = {family: _spec(family) for family in [*CASES, BF16]}
     (folder / "spec.json").write_text(json.dumps(specs))
     run = subprocess.Popen(
         [LAUNCH, "-n", "2", "--backend", "ring", PYTHON, str(HERE / "distributed_driver.py"),
@@ -109,6 +116,27 @@ def test_two_ranks_match_one_process(family, sharded_runs):
         assert r0["tokens"][key] == r1["tokens"][key], key
         assert r0["tokens"][key] == one["tokens"][key], key
         assert len(one["tokens"][key]) == MAX_TOKENS
+
+
+@pytest.mark.slow
+def test_bf16_ranks_stay_within_the_stated_bound(sharded_runs):
+    """bfloat16: each rank rounds its partial sums before the all_sum, so logits move against
+    one process, by at most BF16_SPLIT_BOUND of their scale (what the closing lines and the
+    doctor say); the ranks still agree with each other bitwise."""
+    from dflash2_mlx.engine.target.sharded import BF16_SPLIT_BOUND, split_parity
+    from dflash2_mlx.loading.checkpoints import load_drafter, load_target
+
+    from distributed_cases import run_cases
+
+    specs, ranks = sharded_runs
+    r0, r1 = (r[BF16] for r in ranks)
+    target, _ = load_target(specs[BF16]["target"])
+    assert "bfloat16" in str(target.activation_dtype) and "up to the rounding" in split_parity(target.activation_dtype)
+    one = run_cases(target, {k: load_drafter(p) for k, p in specs[BF16]["drafters"].items()}, [], MAX_TOKENS)
+    assert r0["digest"] == r1["digest"]
+    ref, got = np.array(one["logits"]), np.array(r0["logits"])
+    assert not np.array_equal(ref, got)  # the rounding is there: this is what the bound is about
+    assert np.abs(got - ref).max() <= BF16_SPLIT_BOUND * np.abs(ref).max()
 
 
 # -- the command line -------------------------------------------------------------------
@@ -296,6 +324,14 @@ def test_closing_lines_name_the_ranks():
     assert not any("ranks" in line for line in closing_lines(GenerationStats(**base)))
     lines = closing_lines(GenerationStats(**base, ranks=2, collectives_per_pass=8.0, collective_s_per_pass=0.0021))
     assert lines[-1] == "[target split over 2 ranks: 8 collectives per pass, 2.10 ms in them per pass]"
+    # The line users see says which parity holds, from the target's dtype (engine/target/sharded.py).
+    import mlx.core as mx
+
+    from dflash2_mlx.engine.target.sharded import split_parity
+
+    for dtype, words in ((mx.float32, "token-identical to one process"), (mx.bfloat16, "up to the rounding")):
+        stats = GenerationStats(**base, ranks=2, collectives_per_pass=8.0, split_parity=split_parity(dtype))
+        assert words in closing_lines(stats)[-1] and closing_lines(stats)[-1].startswith("[ranks: ")
 
 
 @pytest.mark.slow

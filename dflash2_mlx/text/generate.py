@@ -151,7 +151,7 @@ class TextStream:
         plan = self.plan
         stats = _stats(self.recorder, response, self.pair.kind, plan.block, self.profiler, plan.policy, plan.auto,
                        plan.tree_rows)
-        return replace(stats, **collective_fields(self.collectives, self.mark))
+        return replace(stats, **collective_fields(self.collectives, self.mark, self.pair.target.activation_dtype))
 
 
 def _next_text(token, n, max_tokens, eos, detok, stopper) -> tuple[str, Optional[str]]:

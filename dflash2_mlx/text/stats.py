@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 from ..engine.decode.loop import DecodeStep
+from ..engine.target.sharded import split_parity
 from .modes import MODE_LABELS, mode_name, short_mode_name  # noqa: F401  (re-exported)
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class GenerationStats:
     ranks: int = 1
     collectives_per_pass: Optional[float] = None
     collective_s_per_pass: Optional[float] = None
+    split_parity: Optional[str] = None  # with ranks: what the output promises against one process
     tree_rows: int = 0  # rows of each verify tree (0: the chain)
     verify_rows: int = 0  # rows the target ran after prefill, all passes together
     tau_per_verify_row: float = 0.0  # tokens committed per row the target ran
@@ -50,15 +52,18 @@ class GenerationStats:
         return asdict(self)
 
 
-def collective_fields(clock, mark) -> dict:
+def collective_fields(clock, mark, dtype=None) -> dict:
     """`GenerationStats` fields for a split target's `CollectiveClock` since
-    `mark` (taken after prefill); {} for a target in one process."""
+    `mark` (taken after prefill), and (`dtype`: its activations') what its output
+    promises; {} for a target in one process."""
     if clock is None or mark is None:
         return {}
+
     d = clock.mark() - mark
     timed = clock.timed and clock.complete and d.passes
     return dict(ranks=clock.ranks, collectives_per_pass=d.collectives / d.passes if d.passes else None,
-                collective_s_per_pass=d.seconds / d.passes if timed else None)
+                collective_s_per_pass=d.seconds / d.passes if timed else None,
+                split_parity=split_parity(dtype) if dtype is not None else None)
 
 
 class StatsRecorder:

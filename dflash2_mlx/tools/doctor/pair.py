@@ -13,8 +13,12 @@ DEFAULT_MIN_ACCEPTANCE = 0.2
 def pair_checks(target, drafter) -> Section:
     from ...engine.pair import compatibility_report
 
+    from ...engine.target.sharded import split_parity
+
     checks = compatibility_report(drafter, target)
     findings = tuple(Finding(c.name, "ok" if c.ok else "fail", c.message) for c in checks)
+    # As the exactness probe says it for a backend: what a split over ranks promises for this dtype.
+    findings += (Finding("over ranks", "info", f"--processes N: {split_parity(target.activation_dtype)}"),)
     return Section("Target/drafter compatibility", findings,
                    {"drafter_kind": drafter.config.kind, "block_size": drafter.config.block_size})
 
