@@ -59,17 +59,10 @@ def filled_cache(pair, ids: list[int]):
 def decode(arm: str, n: int, context: int) -> None:
     """One run (inside valgrind): `n` tokens of the built-in pair, `--ar` or plain-only
     auto; with `context` > 0 after that many context rows (the long-rope look-alike)."""
-    import resource
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from valgrind import tolerate_rlimits
 
-    setrlimit = resource.setrlimit
-
-    def tolerant(*a):  # mlx-lm raises the open-file limit at import; valgrind keeps the hard limit lower
-        try:
-            setrlimit(*a)
-        except ValueError:
-            pass
-
-    resource.setrlimit = tolerant
+    tolerate_rlimits()
     sys.path.insert(0, str(ROOT))
     from dflash2_mlx import load_pair
     from dflash2_mlx.engine.adaptive.policy import AcceptanceEstimate, BlockPolicy, CostTable

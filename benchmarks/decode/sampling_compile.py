@@ -137,17 +137,10 @@ def time_cases(args, report: dict) -> None:
 
 def run_calls(spec: str, calls: int, dtype: str, seed: int) -> None:
     """The child under valgrind: one arm (vocab:rows:settings:what:variant), its first call, then `calls`."""
-    import resource
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from valgrind import tolerate_rlimits
 
-    setrlimit = resource.setrlimit
-
-    def tolerant(*a):  # mlx-lm raises the open-file limit at import; valgrind keeps the hard limit lower
-        try:
-            setrlimit(*a)
-        except ValueError:
-            pass
-
-    resource.setrlimit = tolerant
+    tolerate_rlimits()
     import mlx.core as mx
 
     vocab, rows, settings, what, variant = spec.split(":")

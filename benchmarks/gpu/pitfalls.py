@@ -11,7 +11,7 @@ check (synthetic_pairs.py) quantized to 4 bits, at a 1,024-token context:
   the weights per row below 8 rows, for `qmm`). Padded wins where `padded_ms < ms`.
 * `cudnn_off`: the same table in a child process started with MLX_CUDA_USE_CUDNN_SDPA=0
   (cuDNN attention off: MLX's own kernels, no plan cache).
-* `deterministic`: the same 8-row verify twice, each from a fresh prefill, at 320 and
+* `deterministic`: the same 8-row verify twice (undone in between), at 320 and
   at 1,024 keys (cuDNN's decode engine past 256 keys is not deterministic run to run):
   whether the logits are bitwise equal (`engine/adaptive/exactness.py: repeatable`).
 

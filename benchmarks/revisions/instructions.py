@@ -30,14 +30,10 @@ sys.path.insert(0, str(ROOT))
 ARMS = ("ar", "block4", "tree8")
 # Decodes with either revision's API (keywords before the DecodeRequest, the request after).
 CHILD = r'''
-import inspect, resource, sys
-set_limit = resource.setrlimit
-def tolerant(*a):  # mlx-lm raises the open-file limit at import; valgrind keeps the hard limit lower
-    try:
-        set_limit(*a)
-    except ValueError:
-        pass
-resource.setrlimit = tolerant
+import inspect, sys
+sys.path.insert(0, sys.argv[3])  # this checkout's benchmarks/ (the revision's own package is imported below)
+from valgrind import tolerate_rlimits
+tolerate_rlimits()
 from dflash2_mlx import load_pair, stream_generate
 arm, n = sys.argv[1], int(sys.argv[2])
 pair, tokenizer = load_pair("builtin", "builtin")
@@ -58,7 +54,8 @@ def count(python: str, arm: str, n: int) -> int:
         child, out = Path(tmp) / "child.py", Path(tmp) / "cg.out"
         child.write_text(CHILD)
         subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}",
-                        python, str(child), arm, str(n)], check=True, capture_output=True, cwd=tmp)
+                        python, str(child), arm, str(n), str(ROOT / "benchmarks")], check=True, capture_output=True,
+                       cwd=tmp)
         return int(re.search(r"^summary: (\d+)", out.read_text(), re.M).group(1))
 
 

@@ -123,16 +123,17 @@ def probe(pair: Pair, prompt_ids: Sequence[int], rows: Optional[int] = None) -> 
 
 
 def repeatable(pair: Pair, prompt_ids: Sequence[int], rows: int, context: int = REPEAT_CONTEXT) -> bool:
-    """Whether the same verify of `rows` rows after `context` tokens (the prompt repeated),
-    each time from a fresh prefill, gives bitwise the same logits twice."""
+    """Whether the same verify of `rows` rows after `context` tokens (the prompt repeated)
+    gives bitwise the same logits twice (the second after the first is undone, over the
+    same cache: the same kernels on the same inputs)."""
     target, ids = pair.target, list(prompt_ids)
     ids = (ids * (context // max(len(ids), 1) + 1))[: context + rows]
-    outs = []
+    cache, outs = target.make_cache(), []
+    mx.eval(target(mx.array([ids[:context]], dtype=mx.int32), cache, (), last_logits_only=True)[0])
     for _ in range(2):
-        cache = target.make_cache()
-        mx.eval(target(mx.array([ids[:context]], dtype=mx.int32), cache, (), last_logits_only=True)[0])
-        logits, _, _ = target.forward_undoable(mx.array([ids[context:]], dtype=mx.int32), cache, pair.layer_ids)
+        logits, _, undo = target.forward_undoable(mx.array([ids[context:]], dtype=mx.int32), cache, pair.layer_ids)
         outs.append(np.array(logits[0].astype(mx.float32)).tobytes())
+        target.rollback(cache, undo, 0)
     return outs[0] == outs[1]
 
 
