@@ -50,9 +50,10 @@ def test_the_probe_is_bitwise_on_a_tiny_pair(bits):
 
 
 def test_the_probe_checks_that_the_same_verify_repeats(tiny_pair, monkeypatch):
-    """Run to run: the same verify twice after a context past 256 keys gives the same logits
-    on the CPU backend; a backend that does not (cuDNN's decode attention past 256 keys) is
-    reported in the line users see and in the record."""
+    """Run to run: the same verify twice (over the probe's cache; `repeatable`, which CUDA also
+    runs, after a context past 256 keys) gives the same logits on the CPU backend; a backend
+    that does not (cuDNN's decode attention past 256 keys) is reported in the line users see
+    and in the record."""
     from dflash2_mlx.engine.adaptive import exactness
 
     assert exactness.repeatable(tiny_pair, PROMPT_IDS, 8)
@@ -68,6 +69,8 @@ def test_the_probe_checks_that_the_same_verify_repeats(tiny_pair, monkeypatch):
 
     monkeypatch.setattr(tiny_pair.target, "forward_undoable", drifting)
     assert not exactness.repeatable(tiny_pair, PROMPT_IDS, 8)
+    calls.clear()
+    assert not probe(tiny_pair, PROMPT_IDS).deterministic  # its own check, over the probe's cache
     odd = found.__class__(True, 0.0, 8, 8, deterministic=False)
     for greedy in (True, False):
         assert "not deterministic: the same verify twice gave other logits" in odd.line(greedy)

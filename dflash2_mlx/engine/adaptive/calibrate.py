@@ -58,7 +58,7 @@ LONG_CONTEXTS = (2048, 8192)
 MEASURE_BUDGET_S = 2.0
 # A first estimate (`first_estimate`): fewer sizes, the short context only, no rows sweep,
 # and a tenth of the time per measurement, so a first run answers within seconds.
-FIRST_SIZES = (2, 4)
+FIRST_SIZES = (2,)
 FIRST_BUDGET_S = 0.2
 # Total rows of the target passes timed for batches; the batch policy interpolates
 # between them and extends the last two linearly.
@@ -194,29 +194,32 @@ def _read_context(read: DecodeCache, prompt_ids: Sequence[int], n: int) -> Decod
 
 def measure(pair: Pair, prompt_ids: Sequence[int], sizes: Sequence[int] = SIZES, cycles: int = 6,
             long: Optional[Sequence[int]] = None, budget_s: float = MEASURE_BUDGET_S,
-            rows: bool = True) -> Calibration:
+            rows: bool = True, split: bool = True) -> Calibration:
     """Run the decode loop plainly and at each block size, after the prompt and
     after each long context (`long`, in tokens; None: `long_contexts`, (): none),
-    and (`rows`) time batched target passes by total rows. A few seconds for each
-    on a small pair; where one cycle takes seconds, each measurement is cut to
-    about `budget_s` (`_cycles_within`)."""
+    and (`rows`) time batched target passes by total rows; `split`: also a timed
+    run per size that splits a cycle into verify and draft (for the doctor and the
+    batch costs). A few seconds for each on a small pair; where one cycle takes
+    seconds, each measurement is cut to about `budget_s` (`_cycles_within`)."""
     sizes = sorted({B for B in sizes if 2 <= B <= pair.max_block_size} | {2, pair.max_block_size})
     read = _read_prompt(pair, prompt_ids)
-    short, acceptance = _costs_at(pair, prompt_ids, sizes, cycles, read, budget_s)
+    short, acceptance = _costs_at(pair, prompt_ids, sizes, cycles, read, budget_s, split)
     tables = {len(prompt_ids): short}
     for n in long_contexts(context_limit(pair.target), len(prompt_ids)) if long is None else long:
-        tables[n], _ = _costs_at(pair, prompt_ids, sizes, cycles, _read_context(read, prompt_ids, n), budget_s)
+        tables[n], _ = _costs_at(pair, prompt_ids, sizes, cycles, _read_context(read, prompt_ids, n), budget_s,
+                                 split)
     batch = batch_costs(pair, prompt_ids, tables) if rows else None
     return Calibration(ContextCosts(tables), acceptance, calibration_key(pair), batch=batch)
 
 
 def first_estimate(pair: Pair, prompt_ids: Sequence[int]) -> Calibration:
     """A first estimate of the costs, in seconds where `measure` takes minutes (a real
-    model on one CPU core): the plain step and the smallest, a small and the largest
-    block after the prompt only, briefly. The policy corrects its level online (its
+    model on one CPU core): the plain step and the smallest and the largest block after
+    the prompt only, briefly, whole cycles only (a cycle's verify / draft split is left
+    to the full measurement). The policy corrects its level online (its
     clock) and extends it to longer contexts; `measure` replaces it when asked
     (`load_or_calibrate`: the doctor, the server, --recalibrate)."""
-    cal = measure(pair, prompt_ids, FIRST_SIZES, cycles=3, long=(), budget_s=FIRST_BUDGET_S, rows=False)
+    cal = measure(pair, prompt_ids, FIRST_SIZES, cycles=3, long=(), budget_s=FIRST_BUDGET_S, rows=False, split=False)
     return replace(cal, complete=False)
 
 
@@ -278,7 +281,7 @@ def target_rows_costs(pair: Pair, prompt_ids: Sequence[int], rows: Sequence[int]
 
 
 def _costs_at(pair: Pair, prompt_ids, sizes, cycles: int, cache: Optional[DecodeCache],
-              budget_s: float = MEASURE_BUDGET_S) -> tuple[CostTable, list]:
+              budget_s: float = MEASURE_BUDGET_S, split: bool = True) -> tuple[CostTable, list]:
     """The cost table after the prompt (or after what `cache` has read), and the
     acceptance by position seen on the way."""
     plain = statistics.median(_pass_times(pair, prompt_ids, FixedBlock(1), 3 * cycles, prompt_cache=cache)[0])
@@ -294,6 +297,9 @@ def _costs_at(pair: Pair, prompt_ids, sizes, cycles: int, cache: Optional[Decode
             for t in range(min(s.accepted + 1, s.drafted)):
                 reached[t] += 1
                 hit[t] += t < s.accepted
+        if not split:  # the whole cycle only (a first estimate): counted as the verify's
+            verify[B], draft[B] = cycle[B], 0.0
+            continue
         profiler = CycleProfiler(timed=True)
         _pass_times(pair, prompt_ids, FixedBlock(B), _cycles_within(3, 2 * B * plain, 2, budget_s), profiler,
                     prompt_cache=cache)
