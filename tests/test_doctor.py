@@ -42,6 +42,11 @@ def test_a_good_pair_passes_when_acceptance_is_not_required(cli):
     assert titles == ["MLX", "Memory (estimated before loading)", "Quantization", COMPAT, "Acceptance self-test",
                       COSTS]
     assert all(v == "ok" for (t, _), v in statuses.items() if t == COMPAT)
+    # What a split over ranks promises for this target's dtype (float32 here), beside the exactness verdict.
+    assert statuses[("Acceptance self-test", "over ranks")] == "info"
+    over = next(f for s in record["sections"] if s["title"] == "Acceptance self-test" for f in s["findings"]
+                if f["name"] == "over ranks")
+    assert "token-identical to one process" in over["message"]
     # The table --block-size auto decides with: a plain step and a cycle per measured block size,
     # at a short and a long context, and what they become further out.
     costs = record["sections"][-1]["data"]

@@ -460,7 +460,7 @@ def test_measuring_note_is_one_line_finished_with_its_time(monkeypatch):
     monkeypatch.setenv("TERM", "dumb")  # no dimming codes, to read the text
     with closing.measuring_costs(True):
         pass
-    assert re.fullmatch(r"measuring decode costs for this pair, once \(--block-size auto\)… \d+\.\d s\n",
+    assert re.fullmatch(r"measuring decode costs for this pair \(--block-size auto\)… \d+\.\d s\n",
                         err.getvalue()), err.getvalue()
     monkeypatch.setenv("TERM", "xterm")
     err.seek(0)

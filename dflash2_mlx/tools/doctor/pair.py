@@ -13,12 +13,8 @@ DEFAULT_MIN_ACCEPTANCE = 0.2
 def pair_checks(target, drafter) -> Section:
     from ...engine.pair import compatibility_report
 
-    from ...engine.target.sharded import split_parity
-
     checks = compatibility_report(drafter, target)
     findings = tuple(Finding(c.name, "ok" if c.ok else "fail", c.message) for c in checks)
-    # As the exactness probe says it for a backend: what a split over ranks promises for this dtype.
-    findings += (Finding("over ranks", "info", f"--processes N: {split_parity(target.activation_dtype)}"),)
     return Section("Target/drafter compatibility", findings,
                    {"drafter_kind": drafter.config.kind, "block_size": drafter.config.block_size})
 
@@ -29,6 +25,7 @@ def self_test(pair, tokenizer, *, block_size: Optional[int] = None, max_tokens: 
     exactness probe (cached under `folder`, probed `again` when asked) says whether
     a divergence is a fault (bitwise) or a near-tie the backend's kernels flipped."""
     from ...engine.adaptive.exactness import load_or_probe
+    from ...engine.target.sharded import split_parity
     from ...engine.request import DecodeRequest
     from ...text.generate import stream_generate
     from ...text.prompt import probe_prompt
@@ -54,6 +51,8 @@ def self_test(pair, tokenizer, *, block_size: Optional[int] = None, max_tokens: 
         findings = [Finding("acceptance", "ok", line)]
     exact = load_or_probe(pair, folder, ids, again)
     findings.append(Finding("exactness", "ok" if exact.bitwise else "info", exact.line()))
+    # As the probe says it for a backend: what a split over ranks promises for this target's dtype.
+    findings.append(Finding("over ranks", "info", f"--processes N: {split_parity(pair.target.activation_dtype)}"))
     data["exactness"] = exact.report()
     diverged = first_divergence(ar, [r.token for r in spec])
     if diverged is None:
