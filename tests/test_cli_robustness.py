@@ -167,6 +167,22 @@ def test_resume_with_different_steps_says_what_it_does(cli, pair, train_data, tm
     assert "nothing to train" in err, err
 
 
+def test_a_patience_run_resumes_over_its_own_best_weights(cli, pair, train_data, tmp_path):
+    # --patience keeps OUT/best (the best evaluation's weights); the resumed run must take the
+    # folder as its own, not refuse it (it did: `make.sh`'s drafters stage could not go on).
+    out = tmp_path / "run"
+    args = ["--eval-every", "1", "--patience", "5", "--save-every", "1"]
+    code, _, err = cli(train_args(pair, train_data, out, "--steps", "1", *args))
+    assert code == 0, err
+    assert (out / "best" / "state.json").is_file()
+    code, _, err = cli(train_args(pair, train_data, out, "--steps", "2", *args))
+    assert code == 0, err
+    assert json.loads((out / "checkpoints" / "latest" / "pointer.json").read_text())["folder"] == "step-0000002"
+    (out / "best" / "notes.txt").write_text("mine")  # a file the run did not write is still refused
+    code, _, err = cli(train_args(pair, train_data, out, "--steps", "3", *args))
+    assert code != 0 and "best" in one_line(code, err)
+
+
 # == B3: --model without --drafter ========================================================
 
 

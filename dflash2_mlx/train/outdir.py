@@ -1,7 +1,8 @@
 """What a training run may find in, and delete from, its output folder.
 
 A run writes OUT/metrics.jsonl, OUT/checkpoints/step-NNNNNNN/ (rotated),
-OUT/checkpoints/latest/ and OUT/drafter/. Rotation and export replace or
+OUT/checkpoints/latest/, OUT/drafter/ and, with --patience, OUT/best/ (the best
+evaluated weights). Rotation and export replace or
 delete folders, so they must only ever meet what this tool wrote: a
 checkpoint is recognised by its own state.json, and any other entry makes the
 run refuse the folder before it starts.
@@ -19,8 +20,9 @@ _LEGACY_STATE_KEYS = {"step", "config", "drafter_config"}  # state.json before t
 _STEP_NAME = re.compile(r"^step-(\d{7,})$")
 # Leftovers of an interrupted atomic write (export.atomic_write_folder) and
 # other ranks' write probes (setup.prepare).
-_OWN_LEFTOVER = re.compile(r"^\.(step-\d{7,}|latest|drafter)\.[0-9a-f]{8}\.(tmp|old)$|^\.write-test-\d+$")
+_OWN_LEFTOVER = re.compile(r"^\.(step-\d{7,}|latest|drafter|best)\.[0-9a-f]{8}\.(tmp|old)$|^\.write-test-\d+$")
 EXPORT_FILES = {"config.json", "model.safetensors"}
+BEST_FILES = {"drafter.safetensors", "state.json"}  # trainer.py's _keep_if_best
 
 
 def checkpoint_step(folder: Path) -> Optional[int]:
@@ -72,6 +74,8 @@ def foreign_entry(out_dir: Path) -> Optional[str]:
                 extra = sorted(q.name for q in p.iterdir() if q.name not in EXPORT_FILES) if p.is_dir() else []
                 return f"drafter/{extra[0]}" if extra else "drafter"
             continue
+        if p.name == "best" and p.is_dir() and {q.name for q in p.iterdir()} <= BEST_FILES:
+            continue  # a patience run's best evaluation, which its resumed run still needs
         if p.name == "checkpoints" and p.is_dir():
             for c in sorted(p.iterdir()):
                 if not (_OWN_LEFTOVER.match(c.name) or checkpoint_step(c) is not None

@@ -18,7 +18,8 @@
 #              TRAINING.md each;
 #   ablations  (not by default) the seed's two ablation drafters, for `dflash2 analyze`.
 # Knobs (environment): RUN, SHARDS, LIMIT, FOLLOW, STEPS, PATIENCE, LR, LAYERS, TARGET_LAYERS, BLOCK, BATCH,
-# SEQ, BPS (blocks per sequence), RANK (selector rank: 32 keeps the file under 20 MB).
+# SEQ, BPS (blocks per sequence), RANK (selector rank: 32 keeps the file under 20 MB), DRAFTERS (which of
+# "dflash2 dflash" the drafters and install stages take: one per session where a session cannot fit both).
 # BLAS_SHIM=1 (default) routes MLX's CPU matmuls to numpy's OpenBLAS for training (recipes/blas_shim).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,6 +30,7 @@ RUN=${RUN:-runs/smollm2}; HERE=recipes/smollm2_drafters; ANSWERS=${ANSWERS:-$HER
 SHARDS=${SHARDS:-2}; LIMIT=${LIMIT:-9984}; FOLLOW=${FOLLOW:-1500}
 STEPS=${STEPS:-12000}; PATIENCE=${PATIENCE:-3}; LAYERS=${LAYERS:-3}; TARGET_LAYERS=${TARGET_LAYERS:-1,8,15,22,28}
 BLOCK=${BLOCK:-16}; BATCH=${BATCH:-8}; SEQ=${SEQ:-256}; BPS=${BPS:-8}; RANK=${RANK:-32}
+DRAFTERS=${DRAFTERS:-dflash2 dflash}
 STAGES=${STAGES:-export,torch,corpus,questions,answers,follow-ups,drafters,install}
 mkdir -p "$RUN/data" "$RUN/prompts" "$ANSWERS"
 stage() { [[ ",$STAGES," == *",$1,"* ]]; }
@@ -86,6 +88,7 @@ if stage follow-ups; then
 fi
 
 train() {  # name, kind, more `dflash2 train` flags
+  shopt -s nullglob  # the follow-up files exist only when that stage ran
   data=(); for f in "$RUN"/data/train-*.jsonl "$RUN"/data/follow-*.jsonl; do data+=(--data "$f"); done
   dflash2 train --processes 2 --model smollm2 "${@:3}" "${data[@]}" --out "$RUN/$1" --kind "$2" \
     --layers "$LAYERS" --target-layers "$TARGET_LAYERS" --block-size "$BLOCK" --batch-size "$BATCH" \
@@ -95,7 +98,9 @@ train() {  # name, kind, more `dflash2 train` flags
   [ -f "$RUN/$1/drafter/model.safetensors" ] || { log "training $1 failed: see $RUN/$1.log"; exit 1; }
 }
 if stage drafters; then
-  log "drafters"; train dflash2 dflash2; train dflash dflash
+  # Without the answers stage in this run, train on every committed group (a new checkout has no data/).
+  if ! stage answers && [ ! -f "$RUN/data/train-0.jsonl" ]; then whole train; fi
+  log "drafters"; for v in $DRAFTERS; do train "$v" "$v"; done
 fi
 if stage ablations; then
   train dflash-selector dflash2 --train no-conv
@@ -105,7 +110,7 @@ fi
 # Installed 8-bit (w8abf16, groups of 64): three bfloat16 layers make a 32 MB file, over the package's
 # 20 MB a file; 8-bit layers and projection keep each under it (the selector codebooks stay bfloat16).
 # τ is measured on these installed files (benchmarks/acceptance/real_pair_tau.py).
-if stage install; then for v in dflash2 dflash; do
+if stage install; then for v in $DRAFTERS; do
   rm -rf "$RUN/$v/drafter-q8" && dflash2 quantize --drafter "$RUN/$v/drafter" -q w8abf16:gs64 -o "$RUN/$v/drafter-q8"
   rm -rf "dflash2_mlx/builtin/smollm2-$v" && cp -r "$RUN/$v/drafter-q8" "dflash2_mlx/builtin/smollm2-$v"
   python recipes/builtin_drafters/training_md.py "$RUN" "$v" "dflash2_mlx/builtin/smollm2-$v" --seq-len "$SEQ" \
