@@ -4,7 +4,9 @@
 
 Held-out prompts: runs of lines from the built-in target's held-out stdlib
 modules (the split of recipes/builtin_target/corpus.py), the last 96 tokens,
-as the drafters' data recipe cuts them. For every prompt, T = 0 and T = 1 and
+as the drafters' data recipe cuts them. With --bench-suites, the prompts of
+`dflash2 bench`'s suites (tools/suites.py, as bench renders them) run in the
+same run, each set reported on its own (τ by set). For every prompt, T = 0 and T = 1 and
 every N in --rows, one run each of: the chain with block size N (N rows per
 target pass) and the tree of N rows (drafted from the drafter's full block).
 Then the first prompt's cycle broken down by phase (timed profiler: it adds a
@@ -37,6 +39,8 @@ from dflash2_mlx.engine.sampling import SamplingParams  # noqa: E402
 from dflash2_mlx.files import atomic_write_text  # noqa: E402
 from dflash2_mlx.tools.provenance import command_line, provenance  # noqa: E402
 from dflash2_mlx.loading.load_pair import load_pair  # noqa: E402
+from dflash2_mlx.text.prompt import build_prompt  # noqa: E402
+from dflash2_mlx.tools.suites import builtin_prompts  # noqa: E402
 
 
 def heldout_prompts(tokenizer, n: int, lines: int, seed: int, tokens: int = 96) -> list[list[int]]:
@@ -113,11 +117,16 @@ def cycle_breakdowns(pair, prompt, rows: list[int], max_tokens: int, rounds: int
     return out
 
 
+def sets_line(record: dict) -> str:
+    sets = record.get("prompt_sets") or ["heldout"] * record["prompts"]
+    return ", ".join(f"{n} {sets.count(n)}" for n in dict.fromkeys(sets))
+
+
 def markdown(record: dict) -> str:
     lines = [f"# Tree vs chain at the same verify rows: {record['drafter']} on the built-in target", "",
              f"Command: `{record['command']}` at commit {record.get('commit') or 'unknown'}", "",
-             f"Backend {record['backend']} ({record['machine']}), mlx {record['mlx']}; {record['prompts']} held-out "
-             f"prompts, max {record['max_tokens']} tokens, one run per prompt and setting. τ = tokens committed per "
+             f"Backend {record['backend']} ({record['machine']}), mlx {record['mlx']}; {record['prompts']} "
+             f"prompts ({sets_line(record)}), max {record['max_tokens']} tokens, one run per prompt and setting. τ = tokens committed per "
              "target pass after the prefill (mean over prompts; pooled in the JSON).", "",
              "| T | rows N | chain τ (block N) | tree τ (N rows) | tree / chain | chain τ per row | tree τ per row |",
              "|---|---|---|---|---|---|---|"]
@@ -125,6 +134,13 @@ def markdown(record: dict) -> str:
         lines.append(f"| {row['temperature']:g} | {row['rows']} | {row['chain']['tau_mean_over_prompts']:.3f} | "
                      f"{row['tree']['tau_mean_over_prompts']:.3f} | {row['ratio']:.3f}x | "
                      f"{row['chain']['tau_per_verify_row']:.3f} | {row['tree']['tau_per_verify_row']:.3f} |")
+    names = list(dict.fromkeys(record.get("prompt_sets", [])))
+    if len(names) > 1:
+        lines += ["", "By set (τ mean over the set's prompts, chain / tree):", "",
+                  "| T | rows N | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+        for row in record["comparison"]:
+            lines.append(f"| {row['temperature']:g} | {row['rows']} | " + " | ".join(
+                f"{row['chain']['by_set'][n]:.3f} / {row['tree']['by_set'][n]:.3f}" for n in names) + " |")
     lines += ["", f"Greedy output identical to autoregressive decoding: {record['greedy_identical_to_ar']}.", "",
               f"## Cycle breakdown (first prompt, T = 0, timed profiler, ms per cycle, median of "
              f"{record['cycles'][0]['rounds']} alternating rounds)", "",
@@ -151,10 +167,16 @@ def main():
     ap.add_argument("--drafter", default="builtin")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--cycle-rounds", type=int, default=5)
+    ap.add_argument("--bench-suites", nargs="*", default=[], help="also the prompts of these bench suites "
+                    "(code chat maths), in the same run")
     args = ap.parse_args()
 
     pair, tokenizer = load_pair("builtin", args.drafter, activation_dtype=mx.float32)
     prompts = heldout_prompts(tokenizer, args.prompts, args.prompt_lines, args.seed)
+    sets = ["heldout"] * len(prompts)
+    for p in builtin_prompts(args.bench_suites):
+        prompts.append(build_prompt(tokenizer, p.text))
+        sets.append(p.suite)
     plain = pair.without_drafter()
     ar = [[s.tokens[0] for s in decode_steps(p, plain, DecodeRequest(max_tokens=args.max_tokens, block_size=None))]
           for p in prompts]
@@ -168,17 +190,21 @@ def main():
                 if T == 0:
                     identical += sum(r["tokens"] == a for r, a in zip(runs, ar))
                     total += len(runs)
-                row[method] = {**summarize(runs), "runs": runs}
+                by_set = {n: summarize([r for r, m in zip(runs, sets) if m == n])["tau_mean_over_prompts"]
+                          for n in dict.fromkeys(sets)}
+                row[method] = {**summarize(runs), "by_set": by_set, "runs": runs}
             row["ratio"] = row["tree"]["tau_mean_over_prompts"] / row["chain"]["tau_mean_over_prompts"]
             comparison.append(row)
             print(f"T={T:g} N={N}: chain τ {row['chain']['tau_mean_over_prompts']:.3f}  "
-                  f"tree τ {row['tree']['tau_mean_over_prompts']:.3f}  ({row['ratio']:.3f}x)", flush=True)
+                  f"tree τ {row['tree']['tau_mean_over_prompts']:.3f}  ({row['ratio']:.3f}x); by set "
+                  + ", ".join(f"{n} {row['chain']['by_set'][n]:.3f}/{row['tree']['by_set'][n]:.3f}"
+                              for n in row["chain"]["by_set"]), flush=True)
     cycles = cycle_breakdowns(pair, prompts[0], args.rows, args.max_tokens, args.cycle_rounds)
     phases = list(dict.fromkeys(p for c in cycles for p in c["ms_per_cycle_by_phase"]))
     record = {
         **provenance(command_line("python", sys.argv)), "backend": backend_name(), "mlx": mx.__version__,
         "machine": platform.processor() or platform.machine(), "drafter": args.drafter,
-        "prompts": len(prompts), "max_tokens": args.max_tokens, "prompt_ids": prompts,
+        "prompts": len(prompts), "max_tokens": args.max_tokens, "prompt_ids": prompts, "prompt_sets": sets,
         "greedy_identical_to_ar": f"{identical}/{total}", "comparison": comparison,
         "phases": phases, "cycles": cycles,
     }
