@@ -14,7 +14,7 @@ Prompt sets (`--sets`, each its own rows in the table):
 - `templated`: the earlier recipe's held-out requests (prompts.py: templates whose held-out
   topics and tasks no training prompt uses), which measure the templates as much as the drafter.
 The first --per-set of each set (templated: of each family), through the chat template. For
-each drafter, T = 0 and T = 1, chains of block 8 and 16 and the tree of 8 rows: one run per
+each drafter, T = 0 and T = 1, chains of block 8 and 16 and the tree of 8 rows (--settings): one run per
 prompt; τ = tokens committed per target pass after the prefill. At T = 0 every run is compared
 with plain greedy decoding of the same target (and, with --greedy-blocks, chains of more block
 sizes and trees on the first prompts). The target is the GGUF's weights dequantized to float32
@@ -46,7 +46,15 @@ from dflash2_mlx.loading.load_pair import load_pair  # noqa: E402
 from dflash2_mlx.tools.provenance import command_line, provenance  # noqa: E402
 from dflash2_mlx.train.setup import float_weights  # noqa: E402
 
-SETTINGS = [("chain", 8), ("chain", 16), ("tree", 8)]
+SETTINGS = ["chain:8", "chain:16", "tree:8"]
+
+
+def setting(text: str) -> tuple[str, int]:
+    """'chain:8' -> ("chain", 8): a chain of that block size or a tree of that many rows."""
+    method, _, rows = text.partition(":")
+    if method not in ("chain", "tree") or not rows.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: a setting is chain:B or tree:N")
+    return method, int(rows)
 
 
 SETS = ("freeform", "humaneval", "templated")
@@ -97,7 +105,7 @@ def run(args):
     ar = [greedy(pair, p["ids"], args.max_tokens) for p in prompts]
     results, checks = [], []
     for T in (0.0, 1.0):
-        for method, rows in SETTINGS:
+        for method, rows in args.settings:
             runs = [decode(pair, p["ids"], rows=rows, tree=method == "tree", temperature=T, seed=i,
                            max_tokens=args.max_tokens) for i, p in enumerate(prompts)]
             for r, p in zip(runs, prompts):
@@ -204,6 +212,8 @@ def main():
     r.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
     r.add_argument("--per-set", type=int, default=20, help="prompts of each set (templated: of each family)")
     r.add_argument("--max-tokens", type=int, default=64)
+    r.add_argument("--settings", type=setting, nargs="+", default=[setting(s) for s in SETTINGS],
+                   help="what runs at T = 0 and T = 1: chain:B and tree:N (parts to merge need the same)")
     r.add_argument("--greedy-prompts", type=int, default=3)
     r.add_argument("--greedy-blocks", type=int, nargs="*", default=[2, 3, 4, 6, 12])
     r.add_argument("--greedy-trees", type=int, nargs="*", default=[16])
