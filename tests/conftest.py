@@ -150,3 +150,12 @@ def pytest_terminal_summary(terminalreporter):
     if skipped:
         reason = str(skipped[0].longrepr[2]).split("browser test: ", 1)[1]
         terminalreporter.write_line(f"{len(skipped)} browser tests skipped: {reason}", yellow=True)
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker more than the cores. Part of the suite waits on servers, agent
+    CLIs and ranks in other processes; on this 2-core machine 3 workers ran it in 683 s
+    against 783 s for 2 (one run each, 2026-12-07)."""
+    import os
+
+    return (os.cpu_count() or 1) + 1
