@@ -58,7 +58,6 @@ def collective_fields(clock, mark, dtype=None) -> dict:
     promises; {} for a target in one process."""
     if clock is None or mark is None:
         return {}
-
     d = clock.mark() - mark
     timed = clock.timed and clock.complete and d.passes
     return dict(ranks=clock.ranks, collectives_per_pass=d.collectives / d.passes if d.passes else None,

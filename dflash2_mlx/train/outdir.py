@@ -22,7 +22,8 @@ _STEP_NAME = re.compile(r"^step-(\d{7,})$")
 # other ranks' write probes (setup.prepare).
 _OWN_LEFTOVER = re.compile(r"^\.(step-\d{7,}|latest|drafter|best)\.[0-9a-f]{8}\.(tmp|old)$|^\.write-test-\d+$")
 EXPORT_FILES = {"config.json", "model.safetensors"}
-BEST_FILES = {"drafter.safetensors", "state.json"}  # trainer.py's _keep_if_best
+# The best evaluated weights of a --patience run (trainer.py's _keep_if_best writes them).
+BEST, BEST_WEIGHTS, BEST_STATE = "best", "drafter.safetensors", "state.json"
 
 
 def checkpoint_step(folder: Path) -> Optional[int]:
@@ -74,7 +75,7 @@ def foreign_entry(out_dir: Path) -> Optional[str]:
                 extra = sorted(q.name for q in p.iterdir() if q.name not in EXPORT_FILES) if p.is_dir() else []
                 return f"drafter/{extra[0]}" if extra else "drafter"
             continue
-        if p.name == "best" and p.is_dir() and {q.name for q in p.iterdir()} <= BEST_FILES:
+        if p.name == BEST and p.is_dir() and {q.name for q in p.iterdir()} <= {BEST_WEIGHTS, BEST_STATE}:
             continue  # a patience run's best evaluation, which its resumed run still needs
         if p.name == "checkpoints" and p.is_dir():
             for c in sorted(p.iterdir()):

@@ -25,7 +25,7 @@ from ..errors import DFlashError
 from ..files import atomic_write_text
 from .data import BatchOrder
 from .export import atomic_write_folder, export_drafter, remove_folder
-from .outdir import CHECKPOINT_FORMAT, check_export_target, own_checkpoints
+from .outdir import BEST, BEST_STATE, BEST_WEIGHTS, CHECKPOINT_FORMAT, check_export_target, own_checkpoints
 from .loss import block_loss, recall_by_position, selector_loss
 from .forward import packed_forward, target_features
 from .packing import make_blocks, sample_anchors
@@ -142,7 +142,6 @@ def trains_selector(which: str) -> bool:
 
 
 METRICS = "metrics.jsonl"
-BEST = "best"  # the best evaluated weights, with --patience
 
 
 def read_metrics(out_dir, kind: Optional[str] = None) -> list[dict]:
@@ -335,16 +334,16 @@ class DrafterTrainer:
         self.plateau.add(event.step, event.loss)
         if self.rank == 0 and self.plateau.state()[0] == event.step:
             atomic_write_folder(self.out_dir / BEST, {
-                "drafter.safetensors": dict(tree_flatten(self.drafter.parameters())),
-                "state.json": {"step": event.step, "loss": event.loss}})
+                BEST_WEIGHTS: dict(tree_flatten(self.drafter.parameters())),
+                BEST_STATE: {"step": event.step, "loss": event.loss}})
 
     def _best_weights(self) -> Optional[Path]:
         """The kept best weights, when they are those of the best evaluation of this run's record."""
         try:
-            kept = json.loads((self.out_dir / BEST / "state.json").read_text())["step"]
+            kept = json.loads((self.out_dir / BEST / BEST_STATE).read_text())["step"]
         except (OSError, ValueError, KeyError):
             return None
-        return self.out_dir / BEST / "drafter.safetensors" if kept == self.plateau.state()[0] else None
+        return self.out_dir / BEST / BEST_WEIGHTS if kept == self.plateau.state()[0] else None
 
     def log(self, event: Event) -> None:
         """Append a step or eval record to OUT/metrics.jsonl (rank 0): the loss
