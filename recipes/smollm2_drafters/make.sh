@@ -19,7 +19,9 @@
 #   ablations  (not by default) the seed's two ablation drafters, for `dflash2 analyze`.
 # Knobs (environment): RUN, SHARDS, LIMIT, FOLLOW, STEPS, PATIENCE, LR, LAYERS, TARGET_LAYERS, BLOCK, BATCH,
 # SEQ, BPS (blocks per sequence), RANK (selector rank: 32 keeps the file under 20 MB), DRAFTERS (which of
-# "dflash2 dflash" the drafters and install stages take: one per session where a session cannot fit both).
+# "dflash2 dflash" the drafters and install stages take: one per session where a session cannot fit both),
+# INIT_FROM (a drafter folder each trained drafter starts from, e.g. an earlier run's RUN/KIND/drafter kept
+# under another name: a later session lengthens the schedule instead of starting over; the store is reused).
 # BLAS_SHIM=1 (default) routes MLX's CPU matmuls to numpy's OpenBLAS for training (recipes/blas_shim).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -90,7 +92,8 @@ fi
 train() {  # name, kind, more `dflash2 train` flags
   shopt -s nullglob  # the follow-up files exist only when that stage ran
   data=(); for f in "$RUN"/data/train-*.jsonl "$RUN"/data/follow-*.jsonl; do data+=(--data "$f"); done
-  dflash2 train --processes 2 --model smollm2 "${@:3}" "${data[@]}" --out "$RUN/$1" --kind "$2" \
+  init=(); [ -z "${INIT_FROM:-}" ] || init=(--init-from "$INIT_FROM")
+  dflash2 train --processes 2 --model smollm2 "${init[@]}" "${@:3}" "${data[@]}" --out "$RUN/$1" --kind "$2" \
     --layers "$LAYERS" --target-layers "$TARGET_LAYERS" --block-size "$BLOCK" --batch-size "$BATCH" \
     --blocks-per-seq "$BPS" --seq-len "$SEQ" --steps "$STEPS" --lr "${LR:-1e-3}" --selector-rank "$RANK" \
     --feature-store "$RUN/features" --eval-every "${EVAL_EVERY:-250}" --save-every "${SAVE_EVERY:-50}" \
