@@ -122,21 +122,54 @@ def _pieces(text: str, size: int = 2048):
     yield text[start:]
 
 
-def pack_sequences(examples: list[Example], tokenizer, seq_len: int, eos_id: Optional[int]) -> np.ndarray:
-    """Concatenate examples (EOS-separated) and cut into [n, seq_len] rows."""
+@dataclass(frozen=True)
+class Packed:
+    tokens: np.ndarray  # [n, seq_len] int32
+    # [n, seq_len] bool: the tokens the target writes at inference: a response and the EOS after
+    # it, or every token of an example without a response (plain text to imitate).
+    answers: np.ndarray
+
+
+def pack_examples(examples: list[Example], tokenizer, seq_len: int, eos_id: Optional[int]) -> Packed:
+    """Concatenate examples (EOS-separated), cut into [n, seq_len] rows, and mark their answers."""
     stream: list[int] = []
+    answer: list[bool] = []
     for e in examples:
-        for piece in _pieces(e.prompt + e.response):
-            stream.extend(tokenizer.encode(piece, add_special_tokens=False))
+        ids = _encode(e.prompt + e.response, tokenizer)
+        asked = _prompt_tokens(e.prompt, ids, tokenizer) if e.response else 0
+        stream.extend(ids)
+        answer.extend([False] * asked + [True] * (len(ids) - asked))
         if eos_id is not None:
             stream.append(eos_id)
+            answer.append(True)
     n = len(stream) // seq_len
     if n == 0:
         raise DFlashError(
             f"the training data has {len(stream)} tokens, fewer than one sequence of {seq_len}: "
             "add data or lower --seq-len"
         )
-    return np.array(stream[: n * seq_len], dtype=np.int32).reshape(n, seq_len)
+    return Packed(np.array(stream[: n * seq_len], dtype=np.int32).reshape(n, seq_len),
+                  np.array(answer[: n * seq_len], dtype=bool).reshape(n, seq_len))
+
+
+def pack_sequences(examples: list[Example], tokenizer, seq_len: int, eos_id: Optional[int]) -> np.ndarray:
+    """The token rows of `pack_examples`."""
+    return pack_examples(examples, tokenizer, seq_len, eos_id).tokens
+
+
+def _encode(text: str, tokenizer) -> list[int]:
+    return [t for piece in _pieces(text) for t in tokenizer.encode(piece, add_special_tokens=False)]
+
+
+def _prompt_tokens(prompt: str, ids: list[int], tokenizer) -> int:
+    """How many of an example's tokens `ids` are its prompt's: those the prompt alone encodes to,
+    as far as they agree (a token merged across the boundary counts as the answer's)."""
+    n = 0
+    for a, b in zip(_encode(prompt, tokenizer), ids):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 class BatchOrder:

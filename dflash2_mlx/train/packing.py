@@ -7,6 +7,8 @@ The context keys/values of a sequence are projected once per layer and
 gathered for each of its blocks.
 """
 
+from typing import Optional
+
 import mlx.core as mx
 import numpy as np
 
@@ -44,16 +46,29 @@ class PackedContext:
     with_block = staticmethod(CachedContext.with_block)  # each block after its sequence's context rows
 
 
-def sample_anchors(keys: list, seq_len: int, block_size: int, per_seq: int):
+def sample_anchors(keys: list, seq_len: int, block_size: int, per_seq: int, answers: Optional[np.ndarray] = None):
     """Random anchors with a full block ahead and at least one context row.
 
     One seed key per sequence (e.g. (seed, step, position in the global
     batch)), so a sequence gets the same anchors whichever process trains it.
+    `answers` ([len(keys), seq_len] bool, data.Packed): when given, each block, its anchor
+    and its labels, lies inside tokens the target writes, as every block does at inference
+    (its anchor is a committed token of the answer); a sequence without such a block takes
+    its anchors anywhere.
     """
     high = seq_len - block_size + 1  # exclusive: anchor + B - 1 <= L - 1
     if high <= 1:
         raise ValueError(f"block size {block_size} needs sequences longer than {block_size}")
-    anchors = np.stack([np.random.default_rng(k).integers(1, high, size=per_seq) for k in keys])
+    rows = []
+    for i, k in enumerate(keys):
+        rng = np.random.default_rng(k)
+        inside = np.empty(0, dtype=np.int64)
+        if answers is not None:
+            written = np.concatenate([[0], np.cumsum(answers[i], dtype=np.int64)])
+            whole = written[block_size:] - written[:-block_size] == block_size  # [a]: a .. a+B-1 all answer
+            inside = np.flatnonzero(whole[1:high]) + 1
+        rows.append(rng.choice(inside, size=per_seq) if inside.size else rng.integers(1, high, size=per_seq))
+    anchors = np.stack(rows)
     seq = np.repeat(np.arange(len(keys)), per_seq)
     return seq.astype(np.int32), anchors.reshape(-1).astype(np.int32)
 

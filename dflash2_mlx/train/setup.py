@@ -13,7 +13,7 @@ from ..errors import DFlashError
 from ..engine.pair import Pair, fingerprint
 from ..loading.builtin import resolve_builtin
 from ..loading.checkpoints import load_drafter, load_target
-from .data import pack_sequences, read_examples, regenerate
+from .data import Packed, pack_examples, read_examples, regenerate
 from .export import new_drafter_config, upgraded_config
 from .feature_store import FeatureStore
 from .outdir import check_out_dir
@@ -148,14 +148,18 @@ def prepare(
     held = [e for e in examples if is_heldout(e.source, heldout_fraction)]
     train = [e for e in examples if not is_heldout(e.source, heldout_fraction)] or examples
     eos = tokenizer.eos_token_id
-    sequences = pack_sequences(train, tokenizer, seq_len, eos)
+    packed = pack_examples(train, tokenizer, seq_len, eos)
+    sequences = packed.tokens
     if not held:
         import warnings
 
         warnings.warn("no held-out examples in --data (too few files or lines): evaluation uses "
                       "training sequences, so its numbers are not held-out")
-    heldout = pack_sequences(held, tokenizer, seq_len, eos) if held else sequences[:8]
-    trainer = DrafterTrainer(target, drafter, dcfg, sequences, heldout, config, out_dir, group)
+    held_packed = pack_examples(held, tokenizer, seq_len, eos) if held else Packed(sequences[:8], packed.answers[:8])
+    heldout = held_packed.tokens
+    # Blocks are drawn inside the answers, where the target writes at inference (packing.sample_anchors).
+    trainer = DrafterTrainer(target, drafter, dcfg, sequences, heldout, config, out_dir, group,
+                             answers=(packed.answers, held_packed.answers))
     if feature_store:
         identity = fingerprint(target.model, [target.model_type])
         ids = trainer.pair.layer_ids

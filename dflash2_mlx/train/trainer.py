@@ -161,7 +161,7 @@ def read_metrics(out_dir, kind: Optional[str] = None) -> list[dict]:
 
 class DrafterTrainer:
     def __init__(self, target, drafter, drafter_config: dict, sequences: np.ndarray,
-                 heldout: np.ndarray, config: TrainConfig, out_dir, group=None):
+                 heldout: np.ndarray, config: TrainConfig, out_dir, group=None, answers=(None, None)):
         self.target, self.drafter, self.drafter_config = target, drafter, drafter_config
         # Layer ids and the selector's logit transform, resolved once.
         self.pair = Pair.make(target, drafter)
@@ -186,6 +186,8 @@ class DrafterTrainer:
         )
         self.optimizer = optim.AdamW(learning_rate=schedule, betas=[0.9, 0.95], weight_decay=config.weight_decay)
         self.stores = {}  # sequences (by identity) -> FeatureStore
+        # sequences (by identity) -> where their blocks may lie (data.Packed.answers; None: anywhere)
+        self.answers = {id(sequences): answers[0], id(heldout): answers[1]}
         self.step = 0
         self.resume_note = ""  # what resuming did, for the user (set by `resume`)
         self.plateau = Plateau()  # this run's evaluations, for --patience
@@ -212,7 +214,9 @@ class DrafterTrainer:
     def _batch(self, rows: np.ndarray, keys: list, source: np.ndarray):
         B = self.drafter.config.block_size
         tokens = mx.array(source[rows])
-        seq, anchors = sample_anchors(keys, tokens.shape[1], B, self.config.blocks_per_seq)
+        answers = self.answers.get(id(source))
+        seq, anchors = sample_anchors(keys, tokens.shape[1], B, self.config.blocks_per_seq,
+                                      None if answers is None else answers[rows])
         seq, anchors = mx.array(seq), mx.array(anchors)
         inputs, labels = make_blocks(tokens, seq, anchors, B, self.mask_id)
         store = self.stores.get(id(source))
