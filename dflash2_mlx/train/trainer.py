@@ -186,8 +186,7 @@ class DrafterTrainer:
         )
         self.optimizer = optim.AdamW(learning_rate=schedule, betas=[0.9, 0.95], weight_decay=config.weight_decay)
         self.stores = {}  # sequences (by identity) -> FeatureStore
-        # sequences (by identity) -> where their blocks may lie (data.Packed.answers; None: anywhere)
-        self.answers = {id(sequences): answers[0], id(heldout): answers[1]}
+        self.answers = {id(sequences): answers[0], id(heldout): answers[1]}  # where blocks lie (None: anywhere)
         self.step = 0
         self.resume_note = ""  # what resuming did, for the user (set by `resume`)
         self.plateau = Plateau()  # this run's evaluations, for --patience
@@ -214,9 +213,8 @@ class DrafterTrainer:
     def _batch(self, rows: np.ndarray, keys: list, source: np.ndarray):
         B = self.drafter.config.block_size
         tokens = mx.array(source[rows])
-        answers = self.answers.get(id(source))
-        seq, anchors = sample_anchors(keys, tokens.shape[1], B, self.config.blocks_per_seq,
-                                      None if answers is None else answers[rows])
+        inside = self.answers.get(id(source))
+        seq, anchors = sample_anchors(keys, tokens.shape[1], B, self.config.blocks_per_seq, inside if inside is None else inside[rows])
         seq, anchors = mx.array(seq), mx.array(anchors)
         inputs, labels = make_blocks(tokens, seq, anchors, B, self.mask_id)
         store = self.stores.get(id(source))
