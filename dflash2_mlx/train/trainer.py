@@ -214,7 +214,7 @@ class DrafterTrainer:
         B = self.drafter.config.block_size
         tokens = mx.array(source[rows])
         inside = self.answers.get(id(source))
-        seq, anchors = sample_anchors(keys, tokens.shape[1], B, self.config.blocks_per_seq, inside if inside is None else inside[rows])
+        seq, anchors = sample_anchors(keys, tokens.shape[1], B, self.config.blocks_per_seq, None if inside is None else inside[rows])
         seq, anchors = mx.array(seq), mx.array(anchors)
         inputs, labels = make_blocks(tokens, seq, anchors, B, self.mask_id)
         store = self.stores.get(id(source))
