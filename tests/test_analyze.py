@@ -4,6 +4,7 @@ import numpy as np
 
 from dflash2_mlx.engine.pair import Pair
 from dflash2_mlx.tools.analyze import analyze, markdown, teacher_forced
+from dflash2_mlx.train.data import Packed
 from dflash2_mlx.train.trainer import TrainConfig
 from test_train import DATA, SMALL, run_until
 from dflash2_mlx.train.setup import prepare
@@ -19,7 +20,8 @@ def test_analysis_tables(tmp_path):
         t = prepare(str(target_folder("qwen3")), DATA, tmp_path / name, config=cfg, **{**SMALL, "kind": kind})
         run_until(t)
         drafters[name] = t.drafter
-    target, heldout = t.target, t.heldout[:4]
+    target = t.target
+    heldout = Packed(t.heldout[:4], t.answers[id(t.heldout)][:4])
     result = analyze({k: Pair.make(target, d) for k, d in drafters.items()}, heldout, prompt_len=16, n_prompts=2, max_tokens=12, blocks_per_seq=4, cycles=2, cycle_repeats=2)
     v = result["variants"]
     for rec in v.values():
@@ -45,7 +47,7 @@ def test_analysis_tables(tmp_path):
         rounds = sorted(rec["cycle"]["cycle_ms_untimed_rounds"])
         assert len(rounds) == 2 and rec["cycle"]["cycle_ms_untimed"] in rounds
     # Recall@1 at position 0 is exactly the share of blocks whose first draft is right.
-    again = teacher_forced(Pair.make(target, drafters["dflash"]), heldout, 4)
+    again = teacher_forced(Pair.make(target, drafters["dflash"]), heldout.tokens, 4, answers=heldout.answers)
     assert np.isclose(again["recall1_by_position"][0], v["dflash"]["teacher_forced"]["recall1_by_position"][0])
 
 

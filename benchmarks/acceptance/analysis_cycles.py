@@ -48,7 +48,7 @@ def main():
     target, tokenizer = load_target(resolve_builtin(args.model, "target"), activation_dtype=mx.float32)
     # The analysis' first decode prompt, rebuilt exactly as `dflash2 analyze` does.
     heldout = heldout_sequences(args.data, tokenizer, args.seq_len, args.heldout_fraction)
-    prompt = heldout[0, : args.prompt_len].tolist()
+    prompt = heldout.tokens[0, : args.prompt_len].tolist()
     if "cycle_prompt" in result and result["cycle_prompt"] != prompt:
         sys.exit("these --data do not rebuild the analysis' prompt: pass its --data in the same order")
     block = result["variants"]["dflash"]["cycle"]["block_size"]

@@ -135,19 +135,31 @@ def run(args):
     atomic_write_text(args.part, json.dumps(record, indent=1) + "\n")
 
 
+def read_part(spec: str) -> dict:
+    """A part file, or LABEL=FILE: its column renamed (e.g. old-dflash for a part run as dflash
+    before a newer dflash drafter existed); the merge's command line records the renaming."""
+    label, _, path = spec.rpartition("=")
+    part = json.loads(Path(path).read_text())
+    return {**part, "label": label} if label else part
+
+
 def merge(args):
-    parts = {p["label"]: p for p in (json.loads(Path(f).read_text()) for f in args.parts)}
-    labels = list(parts)
-    first = parts[labels[0]]
-    table = []
-    for i, r in enumerate(first["results"]):
-        for name in first["sets"]:
-            row = {"set": name, "temperature": r["temperature"], "method": r["method"], "rows": r["rows"]}
-            for label in labels:
-                other = parts[label]["results"][i]
-                assert (other["temperature"], other["method"], other["rows"]) == (r["temperature"], r["method"], r["rows"])
-                row[label] = other["by_set"][name]
-            table.append(row)
+    """One table of every part: a column per label, a row per (set, T, setting). A label may come
+    in several parts (chain:8 in one, tree:8 in another); a setting a label lacks is left blank."""
+    parts = [read_part(spec) for spec in args.parts]
+    labels = list(dict.fromkeys(p["label"] for p in parts))
+    first = parts[0]
+    assert all(p["sets"] == first["sets"] and p["max_tokens"] == first["max_tokens"] for p in parts), \
+        "parts must measure the same prompt sets and max tokens"
+    cells = {}  # (T, method, rows) -> label -> by_set
+    for part in parts:
+        for r in part["results"]:
+            by_label = cells.setdefault((r["temperature"], r["method"], r["rows"]), {})
+            assert part["label"] not in by_label, f"{part['label']} measured {r['method']} {r['rows']} twice"
+            by_label[part["label"]] = r["by_set"]
+    table = [{"set": name, "temperature": T, "method": method, "rows": rows,
+              **{label: by_label[label][name] if label in by_label else None for label in labels}}
+             for (T, method, rows), by_label in sorted(cells.items()) for name in first["sets"]]
     record = {**provenance(command_line("python", sys.argv)), "backend": first["backend"], "machine": first["machine"],
               "mlx": first["mlx"], "model": first["model"], "sets": first["sets"], "max_tokens": first["max_tokens"],
               "labels": labels, "table": table, "parts": parts}
@@ -159,6 +171,10 @@ def merge(args):
     print(markdown(record))
 
 
+def _cell(value) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
 def markdown(record: dict) -> str:
     labels = record["labels"]
     ratios = [(a, a.replace("dflash2", "dflash")) for a in labels if "dflash2" in a and a.replace("dflash2", "dflash") in labels]
@@ -166,19 +182,20 @@ def markdown(record: dict) -> str:
     lines = [f"# τ of the SmolLM2-135M-Instruct drafters: {sets}", "",
              f"Backend {record['backend']} ({record['machine']}), mlx {record['mlx']}; max {record['max_tokens']} "
              "tokens, one run per prompt and setting; τ = tokens committed per target pass (mean over prompts).",
-             "Parts: " + "; ".join(f"`{p['command']}`" for p in record["parts"].values()),
+             "Parts: " + "; ".join(f"`{p['command']}`" for p in record["parts"]),
              f"Merged by `{record['command']}` at commit {record.get('commit') or 'unknown'}.", "",
              "| set | T | setting | " + " | ".join(f"{label} τ" for label in labels)
              + "".join(f" | {a} / {b}" for a, b in ratios) + " |",
              "|---" * (3 + len(labels) + len(ratios)) + "|"]
     for r in record["table"]:
         lines.append(f"| {r['set']} | {r['temperature']:g} | {r['method']} {r['rows']} | "
-                     + " | ".join(f"{r[label]:.3f}" for label in labels)
-                     + "".join(f" | {r[a] / r[b]:.3f}x" for a, b in ratios) + " |")
+                     + " | ".join(_cell(r[label]) for label in labels)
+                     + "".join(" | –" if r[a] is None or r[b] is None else f" | {r[a] / r[b]:.3f}x" for a, b in ratios)
+                     + " |")
     lines += ["", "Greedy runs identical to plain greedy decoding of the same target:", ""]
-    for label, part in record["parts"].items():
-        lines.append(f"- {label}: " + ", ".join(f"{c['method']} {c['rows']}: {c['identical']}/{c['of']}"
-                                              for c in part["greedy_checks"]))
+    for label in labels:
+        checks = [c for p in record["parts"] if p["label"] == label for c in p["greedy_checks"]]
+        lines.append(f"- {label}: " + ", ".join(f"{c['method']} {c['rows']}: {c['identical']}/{c['of']}" for c in checks))
     return "\n".join(lines) + "\n"
 
 
@@ -192,7 +209,7 @@ def plot(record: dict, stem: Path) -> None:
         xs = range(len(rows))
         width = 0.8 / len(labels)
         for j, label in enumerate(labels):
-            ax.bar([x - 0.4 + width * (j + 0.5) for x in xs], [r[label] for r in rows], width, label=label)
+            ax.bar([x - 0.4 + width * (j + 0.5) for x in xs], [r[label] or 0 for r in rows], width, label=label)
         ax.set_xticks(list(xs), [r["set"] for r in rows])
         ax.set_ylabel("τ (tokens per target pass), T = 0, chain of 8")
         ax.legend()
@@ -218,7 +235,7 @@ def main():
     r.add_argument("--greedy-blocks", type=int, nargs="*", default=[2, 3, 4, 6, 12])
     r.add_argument("--greedy-trees", type=int, nargs="*", default=[16])
     m = sub.add_parser("merge")
-    m.add_argument("parts", nargs="+")
+    m.add_argument("parts", nargs="+", help="part files, or LABEL=FILE to rename a part's column")
     m.add_argument("--out", required=True)
     args = ap.parse_args()
     run(args) if args.cmd == "run" else merge(args)

@@ -30,7 +30,7 @@ from ..errors import DFlashError
 from ..engine.sampling import SamplingParams
 from ..engine.logit_transform import apply_logit_transform
 from ..engine.drafter.selector import top_k_candidates
-from ..train.data import pack_sequences, read_examples
+from ..train.data import Packed, pack_examples, read_examples
 from ..train.forward import packed_forward, target_features
 from ..train.packing import make_blocks, sample_anchors
 from ..train.setup import is_heldout
@@ -64,7 +64,11 @@ class Tally:
         return (hit / np.maximum(reach, 1)).tolist()
 
 
-def teacher_forced(pair: Pair, sequences: np.ndarray, blocks_per_seq: int, seed: int = 0, tick: Tick = None) -> dict:
+def teacher_forced(pair: Pair, sequences: np.ndarray, blocks_per_seq: int, seed: int = 0, tick: Tick = None,
+                   answers: Optional[np.ndarray] = None) -> dict:
+    """Recall and teacher-forced τ over `sequences`. With `answers` (data.Packed's marks) every
+    block lies inside the answers, as the trainer's held-out evaluation draws them and as every
+    block at inference does; without, anchors fall anywhere (prompts and templates included)."""
     target, drafter = pair.target, pair.drafter
     B, K = drafter.config.block_size, drafter.config.selector_top_k
     tally = Tally(B)
@@ -74,7 +78,8 @@ def teacher_forced(pair: Pair, sequences: np.ndarray, blocks_per_seq: int, seed:
         if tick:
             tick(f"sequences {start + 1}-{rows[-1] + 1} of {len(sequences)}")
         tokens = mx.array(sequences[rows])
-        seq, anchors = sample_anchors([[seed, int(r)] for r in rows], tokens.shape[1], B, blocks_per_seq)
+        seq, anchors = sample_anchors([[seed, int(r)] for r in rows], tokens.shape[1], B, blocks_per_seq,
+                                      None if answers is None else answers[rows])
         seq, anchors = mx.array(seq), mx.array(anchors)
         inputs, labels = make_blocks(tokens, seq, anchors, B, drafter.config.mask_token_id)
         feats = target_features(target, tokens, pair.layer_ids)
@@ -197,7 +202,7 @@ def variant_cycles(pairs: dict, prompt: list[int], cycles: int = 10, repeats: in
     return out
 
 
-def analyze(pairs: dict, heldout: np.ndarray, *, prompt_len: int = 64, n_prompts: int = 16,
+def analyze(pairs: dict, heldout: Packed, *, prompt_len: int = 64, n_prompts: int = 16,
             max_tokens: int = 64, blocks_per_seq: int = 8, block_size: Optional[int] = None,
             cycles: int = 10, cycle_repeats: int = 5, tree_rows: int = 0,
             on_step: Optional[Callable[[AnalyzeStep], None]] = None) -> dict:
@@ -207,16 +212,18 @@ def analyze(pairs: dict, heldout: np.ndarray, *, prompt_len: int = 64, n_prompts
     of that many rows (τ beside the chain's and the oracle's). `on_step` is
     called before each unit of work (a teacher-forced batch, a decoded prompt,
     a cycle-latency round) and once at the end, never during one."""
-    prompts = [heldout[i, :prompt_len].tolist() for i in range(min(n_prompts, len(heldout)))]
-    per_variant = -(-len(heldout) // TF_BATCH) + (4 if tree_rows else 2) * len(prompts) + cycle_repeats
+    sequences = heldout.tokens
+    prompts = [sequences[i, :prompt_len].tolist() for i in range(min(n_prompts, len(sequences)))]
+    per_variant = -(-len(sequences) // TF_BATCH) + (4 if tree_rows else 2) * len(prompts) + cycle_repeats
     counter = StepCounter(len(pairs) * per_variant, on_step)
     base = pairs.get("dflash")
-    result = {"variants": {}, "heldout_sequences": int(len(heldout)), "prompts": len(prompts),
+    result = {"variants": {}, "heldout_sequences": int(len(sequences)), "prompts": len(prompts),
               "max_tokens": max_tokens, "cycle_prompt": prompts[0], "tree_rows": tree_rows}
     for name, pair in pairs.items():
         ticker = partial(counter.ticker, name)
         rec = {"parameters": parameter_count(pair.drafter),
-               "teacher_forced": teacher_forced(pair, heldout, blocks_per_seq, tick=ticker("teacher-forced recall"))}
+               "teacher_forced": teacher_forced(pair, sequences, blocks_per_seq, tick=ticker("teacher-forced recall"),
+                                                answers=heldout.answers)}
         rec["T0"] = decoded_tau(pair, prompts, max_tokens, 0.0, block_size, check_parity=True,
                                 tick=ticker("decode at T=0"))
         rec["T1"] = decoded_tau(pair, prompts, max_tokens, 1.0, block_size, tick=ticker("decode at T=1"))
@@ -244,8 +251,9 @@ def relative_to_dflash(result: dict) -> None:
         rec["tau_ratio_T1"] = rec["T1"]["tau"] / b["T1"]["tau"]
 
 
-def heldout_sequences(paths: list[str], tokenizer, seq_len: int, fraction: float) -> np.ndarray:
-    """The held-out examples of `paths` packed into sequences, as analyze reads them."""
+def heldout_sequences(paths: list[str], tokenizer, seq_len: int, fraction: float) -> Packed:
+    """The held-out examples of `paths` packed into sequences with their answer marks, as the
+    trainer packs its held-out split."""
     examples = read_examples(paths)
     held = [e for e in examples if is_heldout(e.source, fraction)]
     if not held:
@@ -255,7 +263,7 @@ def heldout_sequences(paths: list[str], tokenizer, seq_len: int, fraction: float
             f"none of the {len(examples)} example(s) in --data is in the held-out {fraction:g} share (each text file, "
             "or JSONL line, is held out whole by a hash of its name): pass the --data the drafters were trained on "
             "(a folder or many files), or --heldout-fraction 1 if none of it was trained on")
-    return pack_sequences(held, tokenizer, seq_len, tokenizer.eos_token_id)
+    return pack_examples(held, tokenizer, seq_len, tokenizer.eos_token_id)
 
 
 def markdown(result: dict, command: str) -> str:

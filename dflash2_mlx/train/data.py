@@ -152,11 +152,6 @@ def pack_examples(examples: list[Example], tokenizer, seq_len: int, eos_id: Opti
                   np.array(answer[: n * seq_len], dtype=bool).reshape(n, seq_len))
 
 
-def pack_sequences(examples: list[Example], tokenizer, seq_len: int, eos_id: Optional[int]) -> np.ndarray:
-    """The token rows of `pack_examples`."""
-    return pack_examples(examples, tokenizer, seq_len, eos_id).tokens
-
-
 def _encode(text: str, tokenizer) -> list[int]:
     return [t for piece in _pieces(text) for t in tokenizer.encode(piece, add_special_tokens=False)]
 
