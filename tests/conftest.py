@@ -9,12 +9,15 @@ sizes, so they load through exactly the code path a Hub download takes.
 import copy
 import hashlib
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 FIXTURES_DIR = Path(__file__).parent / "fixtures"
+USER_CACHE_VAR = "DFLASH2_TESTS_USER_CACHE"
 RELEASED = {"dflash": "zlab-dflash-qwen3-4b-b16", "dflash2": "zlab-dflash2-muse-glimmer"}
 
 # The tiny target every drafter below is sized for (qwen3, mlx-lm layout).
@@ -117,10 +120,25 @@ def copy_ckpt(tmp_path):
     return make
 
 
-@pytest.fixture(autouse=True)
-def _private_cache_folder(tmp_path_factory, monkeypatch):
-    """CLI commands keep calibrations in the user's cache folder: never the real one in tests."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
+# The user's own cache folder (cli/user_cache.py), as it was before the run's private one
+# replaced it: real models already fetched there (SmolLM2) are read from it, never written.
+USER_CACHE = Path(os.environ.get(USER_CACHE_VAR) or os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+
+
+def pytest_configure(config):
+    """CLI commands and servers keep calibrations and exactness verdicts in the user's cache
+    folder: in tests, one private folder for the whole run, set before any fixture (a module's
+    server too) and any xdist worker, which inherit it with every process they start. A
+    calibration is then made once per run, not once per worker, and none reaches the user's."""
+    if USER_CACHE_VAR in os.environ:  # a worker: its controller made the folder
+        return
+    os.environ[USER_CACHE_VAR] = str(USER_CACHE)
+    os.environ["XDG_CACHE_HOME"] = config._run_cache = tempfile.mkdtemp(prefix="dflash2-tests-cache-")
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "_run_cache", None):
+        shutil.rmtree(config._run_cache, ignore_errors=True)
 
 
 @pytest.fixture

@@ -17,14 +17,16 @@ import numpy as np
 import pytest
 
 from gguf_files import SPECIAL, TEMPLATE, TEXT, reference_model, tiny_bpe, write_gguf
+from conftest import USER_CACHE
 from test_cli import assert_one_line_error, parse_one_json
 
 from dflash2_mlx.loading import sources
 from dflash2_mlx.loading.gguf.convert import convert_gguf, converted_folder
 
 IDS = [5, 40, 77, 120, 3, 9, 250, 31, 64, 100, 18, 200]
-# Read at collection, before the autouse fixture points XDG_CACHE_HOME at a private folder.
-REAL_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dflash2-mlx" / "models"
+# Real models the user already fetched: read from the user's cache folder (conftest.USER_CACHE),
+# not the run's private one that XDG_CACHE_HOME names during tests.
+REAL_CACHE = USER_CACHE / "dflash2-mlx" / "models"
 SMOLLM2 = sources.source_file("smollm2", REAL_CACHE)
 
 
@@ -258,3 +260,10 @@ def test_smollm2_by_name_answers_offline(cli, tmp_path):
     assert code == 0, err
     assert "fetching" not in err
     assert parse_one_json(out)["text"] == "The capital of France is Paris."
+
+
+def test_the_run_keeps_its_cache_apart_from_the_users():
+    """conftest.pytest_configure: calibrations and verdicts that tests (and the servers of their
+    modules) make go to the run's private folder, never the user's."""
+    run = Path(os.environ["XDG_CACHE_HOME"])
+    assert run.name.startswith("dflash2-tests-cache-") and run.resolve() != USER_CACHE.resolve()
