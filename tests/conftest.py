@@ -170,6 +170,23 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"{len(skipped)} browser tests skipped: {reason}", yellow=True)
 
 
+# The files that take longest (a worker's wall seconds in the quiet 3-worker run of 2026-12-08, 120 s
+# down to 40 s), handed out first: xdist hands out whole files (--dist loadfile) in collection
+# order, and a long file handed out last keeps one worker busy after the others have finished
+# (workers ended 34 s apart in that run). A stale list costs nothing but that balance.
+LONGEST_FIRST = ["test_distributed.py", "test_hybrid_targets.py", "test_parity.py", "test_batch_decode.py",
+                 "test_sampling.py", "test_tree_sampling.py", "test_smollm2_pair.py", "test_serve_robustness.py",
+                 "test_attention_shapes.py", "test_structured.py", "test_rows.py", "test_agent_clis.py",
+                 "test_train.py", "test_sampling_bonus.py", "test_rough_edges.py", "test_gpu_check.py",
+                 "test_serve_agents.py", "test_prefill_policy.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest files first; every file's tests stay together and in their order."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: one worker more than the cores. Part of the suite waits on servers, agent
     CLIs and ranks in other processes; on this 2-core machine 3 workers ran it in 683 s
