@@ -171,13 +171,26 @@ def merge(args):
     print(markdown(record))
 
 
+def ratio_columns(labels: list) -> list:
+    """(a, b) for each a / b column: every DFlash 2 label over its DFlash baseline (old-dflash2 over
+    old-dflash; dflash2 over dflash, or over the last DFlash label there is when no new baseline
+    was measured), and every label over its earlier release (dflash2 over old-dflash2)."""
+    baselines = [label for label in labels if label.endswith("dflash")]
+    out = []
+    for a in labels:
+        if a.endswith("dflash2") and baselines:
+            same = a.replace("dflash2", "dflash")
+            out.append((a, same if same in labels else baselines[-1]))
+    return out + [(a, "old-" + a) for a in labels if "old-" + a in labels]
+
+
 def _cell(value) -> str:
     return "–" if value is None else f"{value:.3f}"
 
 
 def markdown(record: dict) -> str:
     labels = record["labels"]
-    ratios = [(a, a.replace("dflash2", "dflash")) for a in labels if "dflash2" in a and a.replace("dflash2", "dflash") in labels]
+    ratios = ratio_columns(labels)
     sets = ", ".join(f"{n} ({k} prompts)" for n, k in record["sets"].items())
     lines = [f"# τ of the SmolLM2-135M-Instruct drafters: {sets}", "",
              f"Backend {record['backend']} ({record['machine']}), mlx {record['mlx']}; max {record['max_tokens']} "
