@@ -138,7 +138,9 @@ def run(args):
 def read_part(spec: str) -> dict:
     """A part file, or LABEL=FILE: its column renamed (e.g. old-dflash for a part run as dflash
     before a newer dflash drafter existed); the merge's command line records the renaming."""
-    label, _, path = spec.rpartition("=")
+    label, path = spec.split("=", 1) if "=" in spec and not Path(spec).exists() else ("", spec)
+    if not Path(path).is_file():
+        sys.exit(f"error: no part file {path}: pass the --part files that `run` wrote")
     part = json.loads(Path(path).read_text())
     return {**part, "label": label} if label else part
 
@@ -149,13 +151,17 @@ def merge(args):
     parts = [read_part(spec) for spec in args.parts]
     labels = list(dict.fromkeys(p["label"] for p in parts))
     first = parts[0]
-    assert all(p["sets"] == first["sets"] and p["max_tokens"] == first["max_tokens"] for p in parts), \
-        "parts must measure the same prompt sets and max tokens"
+    for part in parts:
+        if (part["sets"], part["max_tokens"]) != (first["sets"], first["max_tokens"]):
+            sys.exit(f"error: {part['command']} measured other prompt sets or max tokens than {first['command']}: "
+                     "merge parts of the same --sets, --per-set and --max-tokens")
     cells = {}  # (T, method, rows) -> label -> by_set
     for part in parts:
         for r in part["results"]:
             by_label = cells.setdefault((r["temperature"], r["method"], r["rows"]), {})
-            assert part["label"] not in by_label, f"{part['label']} measured {r['method']} {r['rows']} twice"
+            if part["label"] in by_label:
+                sys.exit(f"error: two parts labelled {part['label']} measured {r['method']} {r['rows']} at T = "
+                         f"{r['temperature']:g}: rename one with LABEL=FILE")
             by_label[part["label"]] = r["by_set"]
     table = [{"set": name, "temperature": T, "method": method, "rows": rows,
               **{label: by_label[label][name] if label in by_label else None for label in labels}}
